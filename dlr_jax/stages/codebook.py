@@ -330,7 +330,9 @@ def _render_rate(plan: rp.BatchPlan, n: int = 256) -> float:
 
 
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> dict[str, Any]:
-    """Trains (or resumes) the codebook stage; returns the report (also in codebook/report.json)."""
+    """Trains (or resumes) the codebook stage; returns the report (also in codebook/report.json).
+    `num_steps` (default codebook.train.num_steps) counts main-phase steps; the continuous warm-up's
+    codebook.warmup_steps come on top."""
     cb, seed = cfg.codebook, cfg.run.seed
     common.prepare_workdir(cfg, workdir)
     out = common.stage_dir(workdir, STAGE)

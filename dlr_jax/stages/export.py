@@ -103,16 +103,16 @@ def _pow2(n: int) -> int:
 
 
 def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_workers: int = 0
-               ) -> tuple[list[list[int]], list[np.ndarray], float]:
+               ) -> tuple[list[list[int]], list[np.ndarray], float | None]:
     """Deterministic (mean font) rendering -> nearest code ids per text, features per text, and the
-    encoder + VQ rate in images/s (render time excluded; short batches are padded to full size so
-    each side compiles once)."""
+    encoder + VQ rate in images/s (render time and each side's first, compiling batch excluded; None
+    when every side had one batch). Short batches are padded to full size so each side compiles once."""
     rcfg = rp.render_config(cb)
     batches, fonts = rp.fixed_batches(texts, cb.eval_batch_size, rcfg)
     ids: list[list[int]] = [[] for _ in texts]
     feats: list[np.ndarray] = [np.zeros(0)] * len(texts)
     graphdef, state = nnx.split(model)
-    busy, seen = 0.0, 0
+    busy, seen, sides = 0.0, 0, set()
     for batch in rp.make_fixed_dataset(texts, batches, fonts, rcfg, num_workers=num_workers):
         imgs, idx = batch["images"], batch["index"]
         n = len(idx)
@@ -120,11 +120,13 @@ def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_worke
             imgs = np.concatenate([imgs, np.repeat(imgs[:1], cb.eval_batch_size - n, 0)])
         t0 = time.perf_counter()
         h, z = jax.device_get(jit_encode(graphdef, state, jnp.asarray(imgs)))
-        busy, seen = busy + time.perf_counter() - t0, seen + n
+        if imgs.shape[1] in sides:  # a side's first batch compiles: not part of the rate
+            busy, seen = busy + time.perf_counter() - t0, seen + n
+        sides.add(imgs.shape[1])
         h, z = h[:n], z[:n]
         for r, i in enumerate(idx):
             ids[i], feats[i] = z[r].tolist(), h[r]
-    return ids, feats, seen / max(busy, 1e-9)
+    return ids, feats, (seen / busy if busy > 0 else None)
 
 
 def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: int = 64) -> LatentDecoder:
