@@ -359,7 +359,10 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         warm = Trainer(model, functools.partial(warmup_loss, dropout=cb.char_dropout), wcfg, out / "warmup",
                        trainable=nnx.All(nnx.Param, nnx.Not(nnx.PathContains("vq"))), mesh=mesh,
                        rules=cfg.mesh.rules, name="codebook-warmup")
-        model = warm.fit(data(1), cb.warmup_steps).model
+        warmed = warm.fit(data(1), cb.warmup_steps)
+        if warmed.preempted:  # SIGTERM in the warm-up: stop here, the next run resumes it
+            return {"preempted": True, "phase": "warmup", "step": warmed.step}
+        model = warmed.model
     loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
     trainer = Trainer(model, loss, cb.train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
     init_info: dict[str, Any] = {}
@@ -383,7 +386,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                                  resume=False)
         result = result or trainer.fit(feed, total, resume=False)
     if result.preempted:
-        return {"preempted": True, "step": result.step}
+        return {"preempted": True, "phase": "main", "step": result.step}
 
     model = result.model
     codebook = np.asarray(model.vq.codebook[...])

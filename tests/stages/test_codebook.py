@@ -154,3 +154,18 @@ def test_latent_decoder_from_the_stage(run_dir):
     out = dec.decode([[0, 1, 2, 3], [5], []])
     assert len(out) == 3 and all(isinstance(s, str) for s in out) and out[2] == ""
     assert codebook.load_latent_decoder(cfg, w / "nowhere") is None
+
+
+def test_sigterm_in_warmup_stops_the_stage(tmp_path, monkeypatch):
+    """A preempted warm-up must end the run (the next one resumes it), not go on to k-means and the
+    main phase with a half-trained encoder."""
+    from dlr_jax.trainer import Trainer, TrainResult
+
+    def preempted_fit(self, data, num_steps=None, resume=True):
+        assert self.name == "codebook-warmup", f"{self.name} ran after a preempted warm-up"
+        return TrainResult(None, 0, True, [])
+
+    monkeypatch.setattr(Trainer, "fit", preempted_fit)
+    out = codebook.run(_cfg("codebook.warmup_steps=2", "codebook.train.num_steps=2"), tmp_path)
+    assert out == {"preempted": True, "phase": "warmup", "step": 0}
+    assert not (tmp_path / "codebook" / "final").exists() and not (tmp_path / "codebook" / "codebook.npy").exists()
