@@ -172,6 +172,22 @@ class LatentConfig:
     # codebook: ids from latents/<split>.jsonl written by the export stage;
     # random: fixed pseudo-random ids per example (pipeline checks before a codebook exists).
     source: str = "codebook"
+    # Stage sft's dual branch (DESIGN §3, dlr_jax/stages/sft.py): the codebook stage's OCR decoder keeps
+    # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process
+    # reward then decodes with it). auto: on iff <workdir>/codebook/final exists and source=codebook;
+    # on: required (an error names what is missing); off. Needs data.pack=false. YAML's bare on/off
+    # (booleans) are accepted. Loss: LM token-mean CE + dual_branch_weight * OCR char-mean CE.
+    dual_branch: str | bool = "auto"
+    dual_branch_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        mode = self.dual_branch
+        if isinstance(mode, bool):
+            object.__setattr__(self, "dual_branch", "on" if mode else "off")
+        elif mode not in ("auto", "on", "off"):
+            raise ConfigError(f"latent.dual_branch must be auto|on|off, got {mode!r}")
+        if self.dual_branch_weight < 0:
+            raise ConfigError(f"latent.dual_branch_weight must be >= 0, got {self.dual_branch_weight}")
 
 
 @dataclasses.dataclass(frozen=True)

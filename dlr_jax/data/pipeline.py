@@ -13,6 +13,14 @@ A batch is a dict of numpy arrays, each [batch_size, max_len] int32:
     segment_ids  0 on padding, 1.. for the sequences packed into a row (always 1 without packing)
     positions    0.. restarting at every segment (0 on padding)
 
+Stage sft's dual branch (`ocr_text_len > 0`, unpacked only) adds, per row (one example):
+
+    ocr_targets    [b, ocr_text_len] the CoT as OCR-decoder char ids (`codebook_model.encode_target`:
+                   chars, <eos>, <pad>...; longer CoTs are cut)
+    ocr_codes      [b, N] the example's latent code indices, left-padded with 0 to N = the most
+                   codes any (length-filtered) example has, so every batch and process has one shape
+    ocr_code_mask  [b, N] 1 on the real codes (the right end), 0 on the padding
+
 `batch_size` is the number of rows this iterator yields: the per-process batch. Each process reads
 its own disjoint shard of the (length-filtered) examples, shuffled with the same seed.
 
@@ -46,6 +54,7 @@ log = logging.getLogger(__name__)
 
 STAGES = ("textsft", "align", "sft")
 BATCH_KEYS = ("tokens", "loss_mask", "segment_ids", "positions")
+OCR_KEYS = ("ocr_targets", "ocr_codes", "ocr_code_mask")
 Latents = Mapping[str, Sequence[int]]
 _BATCH_READ_AHEAD = 4  # whole batches tokenised ahead by the reader threads (unpacked)
 _PACK_READ_AHEAD = 64  # sequences tokenised ahead of the packer
@@ -118,9 +127,28 @@ def filter_by_length(
 # ---- per-element transforms (top-level, so grain workers can pickle them) --------------------
 
 
-def _tokenise(item: Item, *, stage: str, tok: Tokenizer, mode: str) -> dict[str, np.ndarray]:
+def _tokenise(
+    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
     seq = build_sequence(stage, tok, item, mode)
-    return {"tokens": seq.tokens, "loss_mask": seq.loss_mask.astype(np.int32)}
+    out = {"tokens": seq.tokens, "loss_mask": seq.loss_mask.astype(np.int32)}
+    if ocr is not None:
+        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1])
+    return out
+
+
+def ocr_fields(item: Item, *, text_len: int, num_codes: int) -> dict[str, np.ndarray]:
+    """One row's `OCR_KEYS` (see the module docstring): targets, codes left-padded to num_codes, mask."""
+    from dlr_jax.models.codebook_model import encode_target  # the models package only when asked for
+
+    n = len(item.codes)
+    if n > num_codes:
+        raise ValueError(f"example {item.example.id!r} has {n} latent codes, more than num_codes={num_codes}")
+    codes = np.zeros(num_codes, np.int32)
+    mask = np.zeros(num_codes, np.int32)
+    codes[num_codes - n :] = item.codes
+    mask[num_codes - n :] = 1
+    return {"ocr_targets": encode_target(item.example.cot, text_len)[0], "ocr_codes": codes, "ocr_code_mask": mask}
 
 
 def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -137,6 +165,7 @@ def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[st
     out["loss_mask"][:n] = seq["loss_mask"]
     out["segment_ids"][:n] = 1
     out["positions"][:n] = np.arange(n, dtype=np.int32)
+    out |= {k: seq[k] for k in OCR_KEYS if k in seq}  # per example already, nothing to pad
     return out
 
 
@@ -167,6 +196,7 @@ def make_stage_dataset(
     num_workers: int = 0,
     num_packing_bins: int | None = None,
     num_threads: int = 2,
+    ocr_text_len: int = 0,
 ) -> grain.IterDataset:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
@@ -178,7 +208,8 @@ def make_stage_dataset(
     reached when num_epochs is finite). num_workers: 0 runs in-process; > 0 uses grain worker
     processes. num_packing_bins: rows the first-fit packer fills at once (default batch_size).
     num_threads: grain reader threads per process that tokenise ahead of the consumer (0 = on
-    demand, in the caller's thread).
+    demand, in the caller's thread). ocr_text_len: > 0 adds stage sft's dual-branch fields
+    (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False.
     """
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
@@ -188,12 +219,21 @@ def make_stage_dataset(
         raise ValueError(f"need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}")
     kept, _ = filter_by_length(stage, examples, tok, max_len=max_len, latents=latents, mode=mode)
     items = make_items(stage, kept, latents)
+    ocr = None
+    if ocr_text_len > 0:
+        if stage != "sft" or pack:
+            raise ValueError(
+                f"ocr_text_len (the sft dual branch) needs stage 'sft' without packing; got stage={stage!r}, "
+                f"pack={pack}"
+            )
+        # Over every kept example, before sharding: the same N on every process and every batch.
+        ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]))
     ds = grain.MapDataset.source(items)[shard_index::shard_count]
     if len(ds) == 0:
         fit = f"{len(items)} examples fit max_len={max_len}"
         raise ValueError(f"shard {shard_index}/{shard_count} is empty: {fit}")
     ds = ds.shuffle(seed=seed).repeat(num_epochs)
-    ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode))
+    ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
     if pack:
         it = FirstFitPackIterDataset(
             ds.to_iter_dataset(_read_options(num_threads, _PACK_READ_AHEAD)),

@@ -130,10 +130,14 @@ def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_worke
 
 
 def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: int = 64) -> LatentDecoder:
-    """The codebook stage's decoder from <workdir>/codebook/final."""
+    """The OCR decoder: stage sft's dual-branch decoder (<workdir>/sft/decoder, trained on the sft
+    model's latent rows, which it carries) when sft wrote one, else the codebook stage's
+    (<workdir>/codebook/final)."""
     from dlr_jax.stages.codebook import load_codebook_model
+    from dlr_jax.stages.sft import load_ocr_decoder
 
-    return LatentDecoder(load_codebook_model(workdir, mesh), batch_size=batch_size)
+    model = load_ocr_decoder(workdir, mesh)
+    return LatentDecoder(model if model is not None else load_codebook_model(workdir, mesh), batch_size=batch_size)
 
 
 def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: str) -> dict[str, Any]:

@@ -120,9 +120,16 @@ def local_batch(batch_size: int) -> int:
     return batch_size // n
 
 
-def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model, *, num_steps: int | None = None):
+def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model, *, num_steps: int | None = None,
+                       branch: Any = None):
     """The align / sft recipe: data with latent ids -> the stage's trainable filter -> Trainer ->
-    `<workdir>/<stage>/final`. `make_model(cfg, workdir, tok, mesh)` gives the starting LatentLM."""
+    `<workdir>/<stage>/final`. `make_model(cfg, workdir, tok, mesh)` gives the starting LatentLM.
+
+    `branch` (stage sft's dual branch, `dlr_jax.stages.sft.DualBranch`) extends the recipe:
+    `data_kwargs()` adds batch fields, `wrap(lm, trainable, mesh, rules)` gives the trained model,
+    its loss and filter, `finish(model, step)` saves its extra outputs and returns the LatentLM that
+    is saved and returned as usual."""
+    import dataclasses
     import functools
 
     from dlr_jax.data.pipeline import make_stage_dataset
@@ -138,12 +145,18 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     data = make_stage_dataset(
         stage, train, tok, batch_size=local_batch(tcfg.batch_size), max_len=cfg.data.max_len,
         seed=cfg.run.seed, latents=latents, pack=cfg.data.pack, num_workers=cfg.data.num_workers,
+        **(branch.data_kwargs() if branch is not None else {}),
     )
     model = make_model(cfg, workdir, tok, mesh)
     loss = functools.partial(common.lm_loss, vocab_mask=model.vocab_mask())
+    trainable = filter_for_stage(stage, model.latent_cfg)
+    if branch is not None:
+        model, loss, trainable = branch.wrap(model, trainable, mesh, cfg.mesh.rules)
     trainer = Trainer(model, loss, tcfg, common.stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules,
-                      trainable=filter_for_stage(stage, model.latent_cfg), name=stage)
+                      trainable=trainable, name=stage)
     result = trainer.fit(iter(data), num_steps)
     if not result.preempted:
+        if branch is not None:
+            result = dataclasses.replace(result, model=branch.finish(result.model, result.step))
         common.save_stage_model(result.model, workdir, stage, kind="latent_lm", model_cfg=result.model.model_cfg)
     return result

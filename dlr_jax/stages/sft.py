@@ -1,17 +1,162 @@
 """Stage 2 — latent SFT: `[x ; <latent> z </latent> <answer> a </answer>]`, CE on everything after
 the question x; backbone, projectors and (by config) the codebook train, starting from align.
 
-Dual branch (DESIGN §3): once the codebook stage provides an OCR decoder, it is trained in
-parallel to reconstruct the CoT y from sg(E_lat(z)); a stop-gradient isolates it from the LM.
+Dual branch (DESIGN §3, `dlr_jax.models.dual_branch`): with `latent.dual_branch` on (auto: when
+<workdir>/codebook/final exists and latent.source=codebook) the codebook stage's OCR decoder trains
+in parallel to reconstruct the CoT y from sg(E_lat(z)); the stop-gradient isolates it from the LM.
+Batches then carry `ocr_targets` / `ocr_codes` / `ocr_code_mask` (`data.pipeline`, unpacked rows
+only). The loss is the LM's token-mean CE plus latent.dual_branch_weight times the decoder's
+char-mean CE (`dual_branch_loss`); metrics add lm_ce, ocr_ce and ocr_char_accuracy. The decoder
+uses the codebook stage's input-character dropout (codebook.char_dropout) and sft's optimizer.
+
+Outputs: <workdir>/sft/final (the latent LM, as without the branch) and, with the branch,
+<workdir>/sft/decoder (params + meta.json, kind "ocr_decoder"): the trained decoder with the final
+rows E_lat(k) frozen in. `export.load_decoder` (and so RL's process reward) prefers it over the
+codebook stage's decoder.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from dlr_jax.checkpoint import read_meta, restore_params, save_params
 from dlr_jax.config import Config
+from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, char_dropout, teacher_inputs
+from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch, branch_from_codebook_model
+from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.trainer import TrainResult
+
+STAGE = "sft"
+
+
+def decoder_dir(workdir: str | Path) -> Path:
+    """Where sft writes its dual-branch OCR decoder."""
+    return common.stage_dir(workdir, STAGE) / "decoder"
+
+
+# ----------------------------------------------------------------------------------------------
+# The loss (trainer contract: (loss_sum, weight, metric sums)).
+
+
+def ocr_terms(model: DualBranchLM, batch: dict, rng: jax.Array, *, dropout: float = 0.0):
+    """(Σ char NLL, #target chars, #chars predicted right) of the OCR branch on the batch's
+    ocr_targets [b, T] from ocr_codes / ocr_code_mask [b, N] (left-padded); teacher-forced inputs
+    lose `dropout` of their characters, as in the codebook stage."""
+    targets = batch["ocr_targets"]
+    inputs, in_mask = teacher_inputs(targets)
+    inputs = char_dropout(inputs, dropout, rng)
+    logits = model.ocr_logits(batch["ocr_codes"], batch["ocr_code_mask"] > 0, inputs, in_mask)
+    tmask = (targets != VOCAB.PAD).astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    return jnp.sum(nll * tmask), jnp.sum(tmask), jnp.sum(correct * tmask)
+
+
+def dual_branch_loss(model: DualBranchLM, batch: dict, rng: jax.Array, *, vocab_mask: Any = None,
+                     weight: float = 1.0, dropout: float = 0.0):
+    """LM token-mean CE + weight * OCR char-mean CE in the trainer's (sum, count) form.
+
+    The count stays the LM's n_lm and the OCR mean is scaled by it: loss_sum = S_lm + weight *
+    n_lm * S_ocr / n_ocr, so Σ loss_sum / Σ n_lm = S_lm / n_lm + weight * S_ocr / n_ocr exactly for
+    one micro-batch; with grad_accum > 1 the OCR term is the n_lm-weighted mean of the micro-batches'
+    char means (the LM term stays the exact global token mean). Metrics use the same scaling, so the
+    logged lm_ce / ocr_ce / ocr_char_accuracy are per token / per char and loss = lm_ce + weight * ocr_ce.
+    """
+    s_lm, n_lm, metrics = common.lm_loss(model.lm, batch, rng, vocab_mask=vocab_mask)
+    s_ocr, n_ocr, correct = ocr_terms(model, batch, rng, dropout=dropout)
+    scale = n_lm / jnp.maximum(n_ocr, 1.0)  # n_lm, n_ocr come from masks: constants for the gradient
+    metrics = metrics | {"lm_ce": s_lm, "ocr_ce": scale * s_ocr, "ocr_char_accuracy": scale * correct}
+    return s_lm + weight * scale * s_ocr, n_lm, metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# The branch: resolved from the config, wraps the LM for training, saves the decoder.
+
+
+@dataclasses.dataclass(frozen=True)
+class DualBranch:
+    """Stage sft's OCR branch (the `branch` hook of `latent_common.train_latent_stage`)."""
+
+    workdir: Path
+    decoder_cfg: CodebookModelConfig
+    weight: float
+    dropout: float
+
+    def data_kwargs(self) -> dict[str, Any]:
+        return {"ocr_text_len": self.decoder_cfg.max_text_len}
+
+    def wrap(self, lm, trainable: Any, mesh: Mesh, rules: Any):
+        """(DualBranchLM, its loss, LM filter + the OCR branch's params)."""
+        from dlr_jax.stages.codebook import load_codebook_model
+
+        ocr = branch_from_codebook_model(load_codebook_model(self.workdir, mesh), lm, mesh=mesh, rules=rules)
+        loss = functools.partial(dual_branch_loss, vocab_mask=lm.vocab_mask(), weight=self.weight,
+                                 dropout=self.dropout)
+        return DualBranchLM(lm, ocr), loss, nnx.Any(trainable, OCR_PARAMS)
+
+    def finish(self, model: DualBranchLM, step: int):
+        """Saves the decoder to <workdir>/sft/decoder; returns the latent LM (saved as sft/final)."""
+        dec = model.decoder_for_decoding()
+        meta = {"stage": STAGE, "kind": "ocr_decoder", "model": self.decoder_cfg.to_dict(),
+                "feature_dim": dec.feature_dim, "num_codes": int(dec.vq.codebook.shape[0]), "steps": step}
+        save_params(dec, decoder_dir(self.workdir), meta)
+        return model.lm
+
+
+def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
+    """latent.dual_branch: off -> None; auto -> on iff <workdir>/codebook/final exists and
+    latent.source=codebook; on -> required (clear errors when it cannot run)."""
+    mode = cfg.latent.dual_branch
+    if mode == "off":
+        return None
+    cb_dir = common.final_dir(workdir, "codebook")
+    have = (cb_dir / "meta.json").is_file()
+    if mode == "auto" and not (have and cfg.latent.source == "codebook"):
+        return None
+    if not have:
+        raise FileNotFoundError(
+            f"{cb_dir / 'meta.json'}: latent.dual_branch=on needs the codebook stage's OCR decoder; run "
+            f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first, or set latent.dual_branch=auto"
+        )
+    if cfg.latent.source != "codebook":
+        raise ValueError(
+            f"latent.dual_branch=on needs latent.source=codebook (got {cfg.latent.source!r}): random ids carry "
+            "no CoT for the OCR decoder to read back"
+        )
+    if cfg.data.pack:
+        raise ValueError(
+            f"the sft dual branch (latent.dual_branch={mode}, decoder in {cb_dir}) needs one example per row: "
+            "set data.pack=false, or latent.dual_branch=off"
+        )
+    dcfg = CodebookModelConfig.from_dict(read_meta(cb_dir)["model"])
+    return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout))
+
+
+def load_ocr_decoder(workdir: str | Path, mesh: Mesh | None = None) -> OCRBranch | None:
+    """Stage sft's dual-branch decoder (with frozen code rows) from <workdir>/sft/decoder, or None."""
+    d = decoder_dir(workdir)
+    if not (d / "meta.json").is_file():
+        return None
+    meta = read_meta(d)
+    if meta.get("kind") != "ocr_decoder":
+        raise ValueError(f"{d / 'meta.json'}: kind is {meta.get('kind')!r}, expected 'ocr_decoder'")
+    dcfg = CodebookModelConfig.from_dict(meta["model"])
+    k, f = int(meta["num_codes"]), int(meta["feature_dim"])
+    return restore_params(lambda: OCRBranch(dcfg, f, rngs=nnx.Rngs(0), code_rows=jnp.zeros((k, f))), d, mesh)
+
+
+# ----------------------------------------------------------------------------------------------
+# The stage.
 
 
 def _from_align(cfg, workdir, tok, mesh):
@@ -19,4 +164,8 @@ def _from_align(cfg, workdir, tok, mesh):
 
 
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> TrainResult:
-    return train_latent_stage(cfg, workdir, "sft", _from_align, num_steps=num_steps)
+    branch = resolve_dual_branch(cfg, workdir)
+    if branch is not None:
+        print(f"[sft] dual branch on: OCR decoder from {common.final_dir(workdir, 'codebook')}, "
+              f"weight {branch.weight}; writes {decoder_dir(workdir)}", flush=True)
+    return train_latent_stage(cfg, workdir, STAGE, _from_align, num_steps=num_steps, branch=branch)
