@@ -9,6 +9,10 @@
   scanned layer stack (and, as the reference, the same layers unrolled in Python).
 - `train`: SFT train-step tokens/s of `dlr_jax.trainer.Trainer` against PyTorch `transformers` +
   AdamW on the same weights and batch (dlr_jax/bench_train.py; `--train-cases demo,medium`).
+- `codebook`: CoT rendering images/s per core against encoder + VQ and codebook train-step images/s
+  on the config's codebook networks and real GSM8K-Aug CoTs (dlr_jax/bench_codebook.py).
+- `rl`: rollout tokens/s and the time split of one latent-GRPO step, by `dlr_jax.stages.rl.run`'s
+  own `time/*` metrics (dlr_jax/bench_rl.py).
 
 Both sides of every ratio are measured in the same process, interleaved repeat by repeat, so a
 busy shared machine slows them alike; the medians are reported. Each benchmark rewrites only the
@@ -69,7 +73,7 @@ SIZES: dict[str, Size] = {
     "small": Size(hidden=256, layers=4, heads=4, kv_heads=2, mlp=768, vocab=4096),
     "medium": Size(hidden=512, layers=8, heads=8, kv_heads=4, mlp=1536, vocab=8192),
 }
-BENCHMARKS = ("sampling", "compile", "train")
+BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,12 +491,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
     ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
-    from dlr_jax import bench_train  # imports this module: loaded here, not at the top
+    from dlr_jax import bench_codebook, bench_rl, bench_train  # they import this module: loaded here
 
-    bench_train.add_arguments(ap)
+    sections = {"train": bench_train, "codebook": bench_codebook, "rl": bench_rl}
+    for mod in sections.values():
+        mod.add_arguments(ap)
     args = ap.parse_args(argv)
-    if "train" in args.only and (err := bench_train.check_arguments(args)):
-        ap.error(err)
+    for name, mod in sections.items():
+        if name in args.only and (err := mod.check_arguments(args)):
+            ap.error(err)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     try:
@@ -510,8 +517,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             res = bench_sampling(size, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                                  repeats=args.repeats, log=log)
             body = render_sampling(res, command, info)
-        elif name == "train":
-            body = bench_train.run_section(args, command, info, log)
+        elif name in sections:
+            body = sections[name].run_section(args, command, info, log)
         else:
             body = render_compile(bench_compile(size, layers=(shallow, deep), batch=args.batch,
                                                 seq=args.prompt_len, repeats=args.repeats, log=log),
