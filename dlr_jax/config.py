@@ -245,6 +245,11 @@ class RLConfig:
     process_max_new_tokens: int = 16  # evaluator answer budget after `<answer>`
     process_max_cot_tokens: int = 256  # decoded CoT y_hat is cut to this many tokens
     process_batch_size: int = 64
+    # Your own rewards on top of the three above: "name=weight" entries of the reward registry
+    # (dlr_jax.rewards.register_reward), e.g. ["brevity=0.5"]; reward_modules are imported first so
+    # their @register_reward decorators run (e.g. ["my_project.rewards"]).
+    extra_rewards: tuple[str, ...] = ()
+    reward_modules: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

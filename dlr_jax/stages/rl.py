@@ -250,6 +250,32 @@ def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh) -> LatentD
     return None if fn is None else fn(cfg, workdir, mesh)
 
 
+def extra_reward_weights(rl: Any) -> dict[str, float]:
+    """`rl.extra_rewards` ("name=weight" entries) as {name: weight}, after importing
+    `rl.reward_modules`; every name must be registered (dlr_jax.rewards.register_reward)."""
+    import importlib
+
+    from dlr_jax.rewards import get_reward
+
+    for mod in rl.reward_modules:
+        importlib.import_module(mod)
+    out: dict[str, float] = {}
+    for entry in rl.extra_rewards:
+        name, sep, w = str(entry).partition("=")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = None
+        if not sep or not name.strip() or weight is None:
+            raise ValueError(f"rl.extra_rewards entry {entry!r} must look like name=weight (e.g. brevity=0.5)")
+        name = name.strip()
+        if name in ("answer", "format", "process"):
+            raise ValueError(f"rl.extra_rewards: {name!r} is built in; set rl.{name}_weight instead")
+        get_reward(name)  # unknown names fail here, listing the registered ones
+        out[name] = weight
+    return out
+
+
 def load_evaluator(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
     """The frozen evaluator LM of r_proc (`rl.evaluator`): "backbone" = the model before alignment;
     else a workdir stage name or a `final/` directory holding a text backbone."""
@@ -359,7 +385,7 @@ def run(
     if rl.beta != 0:
         ref_state = jax.device_put(nnx.state(load_latent_stage(cfg, workdir, "sft", tok, smesh)), shardings)
 
-    weights = {"answer": rl.answer_weight, "format": rl.format_weight}
+    weights = {"answer": rl.answer_weight, "format": rl.format_weight} | extra_reward_weights(rl)
     extras: dict[str, Any] = {}
     if rl.process_weight == 0:
         print("[rl] process reward off (rl.process_weight=0)", flush=True)

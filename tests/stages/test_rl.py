@@ -15,6 +15,7 @@ from dlr_jax.checkpoint import read_meta
 from dlr_jax.config import ModelConfig, TrainConfig, apply_overrides, load_config
 from dlr_jax.grpo import group_advantages
 from dlr_jax.models.transformer import Transformer
+from dlr_jax.rewards import RewardInputs, register_reward
 from dlr_jax.sampling import Sampler
 from dlr_jax.sharding import create_sharded, make_mesh
 from dlr_jax.stages import common, rl
@@ -86,7 +87,9 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
     assert read_meta(w / "rl" / "final")["rl_steps"] == 1
 
     # Rerunning continues from the checkpoint — here on FSDP (1,8,1) training with (2,1,4) sampling.
-    more = ["rl.process_weight=0"]
+    # a user reward from the registry rides along (weight 0: the update is unchanged, the part is logged)
+    more = ["rl.process_weight=0", "rl.extra_rewards=[test_completion_share=0.0]",
+            f"rl.reward_modules=[{__name__}]"]
     if jax.device_count() >= 8:
         more += ["mesh.fsdp=8", "rl.sample_mesh=data=2,fsdp=1,tensor=4"]
     else:
@@ -94,6 +97,7 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
     second = rl.run(apply_overrides(cfg, more), w, num_steps=2)
     (m2,) = second.history
     assert m2["step"] == 2 and "reward/process" not in m2
+    assert 0 <= m2["reward/test_completion_share"] <= 1
     assert m2["logprob_gap/max"] < 1e-3 and abs(m2["ratio_first_update"] - 1) < 1e-4 and m2["clip_fraction"] == 0
     lines = _lines(w / "rl" / "metrics.jsonl")
     assert [m["step"] for m in lines] == [1, 2] and lines[1]["updates"] == 2
@@ -200,6 +204,26 @@ def test_grpo_updates_raise_a_toy_reward(toy_model, tmp_path):
         assert m["clip_ratio/region_mean"] < 0.5
     print("toy rewards", np.round(rewards, 3))
     assert np.mean(rewards[-3:]) > np.mean(rewards[:2]) + 0.2, rewards
+
+
+@register_reward("test_completion_share", overwrite=True)
+def _completion_share(inputs: RewardInputs) -> np.ndarray:
+    """A user reward for the tests: share of the generated budget actually used."""
+    m = inputs.completion_mask
+    return m.sum(1) / m.shape[1]
+
+
+def test_extra_rewards_are_parsed_and_checked():
+    from types import SimpleNamespace as NS
+
+    assert rl.extra_reward_weights(NS(reward_modules=(), extra_rewards=("test_completion_share=0.5",))) == {
+        "test_completion_share": 0.5}
+    for bad, match in [("test_completion_share", "name=weight"), ("x=abc", "name=weight"),
+                       ("answer=1", "rl.answer_weight"), ("nope=1", "unknown reward 'nope'")]:
+        with pytest.raises(ValueError, match=match):
+            rl.extra_reward_weights(NS(reward_modules=(), extra_rewards=(bad,)))
+    with pytest.raises(ModuleNotFoundError):
+        rl.extra_reward_weights(NS(reward_modules=("no_such_module_xyz",), extra_rewards=()))
 
 
 def test_prompt_stream_is_seeded_and_resumable():
