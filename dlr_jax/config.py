@@ -293,6 +293,7 @@ class CodebookConfig:
     flow_head_dim: int = 64
     flow_mlp: int = 4864
     num_queries: int = 256  # query pool; N = (side / 64)^2 must not exceed it
+    flow_visual_skip: bool = False  # add visual token i to query i's output (from-scratch tiny encoders)
     # OCR decoder: a dense Llama-style LM over characters, input [P(h_st) ; text]
     dec_hidden: int = 1280
     dec_layers: int = 12

@@ -63,6 +63,12 @@ class CausalFlowConfig:
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots
     attention: str = "einsum"  # einsum | cudnn
+    # Adds visual token i to query i's output (N queries = N visual tokens). Not in DeepEncoder V2,
+    # whose flow starts from a pretrained LM: a *randomly initialised* flow's query outputs barely
+    # depend on the image (the query pool dominates), the OCR decoder learns to ignore them, and the
+    # encoder never learns to read (BENCHMARKS.md, codebook diagnosis). The shortcut gives the
+    # decoder the compressor tokens from step 0 while the flow learns to refine them.
+    visual_skip: bool = False
 
     def __post_init__(self) -> None:
         if self.num_queries < 1:
@@ -187,7 +193,9 @@ class Encoder(nnx.Module):
         self.flow = CausalFlow(cfg.flow, rngs=rngs)
 
     def __call__(self, images: Float[Array, "b H W c"]) -> Float[Array, "b n dc"]:
-        return self.flow(self.vision(images))
+        visual = self.vision(images)
+        out = self.flow(visual)
+        return out + visual if self.cfg.flow.visual_skip else out
 
 
 def build_encoder(cfg: EncoderConfig, seed: int = 0) -> Encoder:

@@ -145,7 +145,8 @@ class CodebookModelConfig:
         )
         flow = CausalFlowConfig(
             hidden_size=d, intermediate_size=c.flow_mlp, num_layers=c.flow_layers, num_heads=c.flow_heads,
-            num_kv_heads=c.flow_kv_heads, head_dim=c.flow_head_dim, num_queries=c.num_queries, **common,
+            num_kv_heads=c.flow_kv_heads, head_dim=c.flow_head_dim, num_queries=c.num_queries,
+            visual_skip=c.flow_visual_skip, **common,
         )
         decoder = ModelConfig(
             model_type="llama", vocab_size=VOCAB.padded_size(), hidden_size=c.dec_hidden,

@@ -196,3 +196,17 @@ def test_encoder_on_rendered_images():
 def test_encoder_config_checks_widths():
     with pytest.raises(ConfigError, match="must equal flow.hidden_size"):
         EncoderConfig(TINY_VISION, dataclasses.replace(TINY_FLOW, hidden_size=64, head_dim=16))
+
+
+def test_visual_skip_adds_the_compressor_tokens_to_the_queries():
+    """flow.visual_skip (tiny from-scratch configs): H = flow(V) + V, with the same weights; off (the
+    default, DeepEncoder V2) the output is the flow's query side alone."""
+    image, _ = render_cot(LONG_COT, font_size=17)
+    px = normalize_images(np.stack([np.asarray(image)]))
+    plain = Encoder(TINY_ENCODER, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))
+    skip_cfg = EncoderConfig(TINY_VISION, dataclasses.replace(TINY_FLOW, visual_skip=True))
+    skip = Encoder(skip_cfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))
+    nnx.update(skip, nnx.state(plain))
+    visual = np.asarray(plain.vision(px))
+    np.testing.assert_allclose(np.asarray(skip(px)), np.asarray(plain(px)) + visual, rtol=1e-5, atol=1e-5)
+    assert not TINY_FLOW.visual_skip and np.abs(visual).max() > 1e-2
