@@ -312,6 +312,9 @@ class CodebookConfig:
     #                        -1 = one epoch of the corpus (the paper), 0 = never
     warmup_steps: int = 0  # continuous-only (CE(H)) steps before the k-means init; 0 = none
     char_dropout: float = 0.0  # teacher-forced decoder input chars replaced by <drop> with this prob
+    # char_dropout of the continuous warm-up (None = char_dropout). 1.0 drops every teacher-forced input
+    # char, so the loss only falls if the decoder reads the image: what gets a from-scratch encoder reading
+    warmup_char_dropout: float | None = None
     kmeans_init_batches: int = 16  # batches of encoder features for the k-means warm start; 0 = random
     kmeans_iters: int = 10
     dead_code_every: int = 0  # refresh unused codes every this many steps (0 = never)

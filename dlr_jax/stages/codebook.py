@@ -6,7 +6,8 @@
 Order of work (each part resumes):
   1. optional continuous warm-up: `codebook.warmup_steps` steps of CE(H) alone (codebook frozen),
      so a from-scratch encoder + decoder learn to read before anything is quantized
-     (<workdir>/codebook/warmup/);
+     (<workdir>/codebook/warmup/); `warmup_char_dropout` = 1 hides all teacher-forced input
+     characters there, so only reading the image lowers the loss;
   2. k-means warm start of the codebook on encoder features of `kmeans_init_batches` rendered
      batches (skipped when resuming the main phase);
   3. the main phase: alpha decays 1 -> 0 linearly over `alpha_steps` steps (-1 = one epoch, the
@@ -356,7 +357,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
     if cb.warmup_steps > 0:
         wcfg = dataclasses.replace(cb.train, num_steps=cb.warmup_steps)
-        warm = Trainer(model, functools.partial(warmup_loss, dropout=cb.char_dropout), wcfg, out / "warmup",
+        wdrop = cb.char_dropout if cb.warmup_char_dropout is None else cb.warmup_char_dropout
+        warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop), wcfg, out / "warmup",
                        trainable=nnx.All(nnx.Param, nnx.Not(nnx.PathContains("vq"))), mesh=mesh,
                        rules=cfg.mesh.rules, name="codebook-warmup")
         warmed = warm.fit(data(1), cb.warmup_steps)

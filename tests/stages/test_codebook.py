@@ -169,3 +169,21 @@ def test_sigterm_in_warmup_stops_the_stage(tmp_path, monkeypatch):
     out = codebook.run(_cfg("codebook.warmup_steps=2", "codebook.train.num_steps=2"), tmp_path)
     assert out == {"preempted": True, "phase": "warmup", "step": 0}
     assert not (tmp_path / "codebook" / "final").exists() and not (tmp_path / "codebook" / "codebook.npy").exists()
+
+
+@pytest.mark.parametrize("warm_drop, expect", [(None, 0.5), (1.0, 1.0)])
+def test_warmup_char_dropout(tmp_path, monkeypatch, warm_drop, expect):
+    """The warm-up's teacher-forced inputs lose codebook.warmup_char_dropout of their characters
+    (default: char_dropout, 0.5 in MICRO)."""
+    from dlr_jax.trainer import Trainer, TrainResult
+
+    seen = {}
+
+    def fit(self, data, num_steps=None, resume=True):
+        seen[self.name] = self.loss_fn.keywords["dropout"]
+        return TrainResult(None, 0, True, [])  # stop after the warm-up
+
+    monkeypatch.setattr(Trainer, "fit", fit)
+    extra = [] if warm_drop is None else [f"codebook.warmup_char_dropout={warm_drop}"]
+    codebook.run(_cfg("codebook.warmup_steps=2", *extra), tmp_path)
+    assert seen == {"codebook-warmup": expect}
