@@ -222,6 +222,14 @@ def grpo_loss(
     adv = advantages.astype(dtype)
     if adv.ndim == 1:
         adv = adv[:, None]
+    # Padding positions may hold any log-prob (a pad id outside the vocab mask scores ~ -1e9, a
+    # masked reference 0): exp() of their difference is inf, and inf * 0 in the aggregation is NaN
+    # in the loss and the gradient. Zero them before any exp; real tokens are untouched.
+    valid = mask > 0
+    logps = jnp.where(valid, logps, 0.0)
+    old = jnp.where(valid, old, 0.0)
+    if ref_logps is not None:
+        ref_logps = jnp.where(valid, ref_logps.astype(dtype), 0.0)
 
     ratio = jnp.exp(logps - old)
     clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + eps_high)

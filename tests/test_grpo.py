@@ -190,6 +190,25 @@ def test_on_policy_equals_plain_policy_gradient(mode):
         assert float(metrics["clip_ratio/region_mean"]) == 0.0
 
 
+def test_padding_log_probs_cannot_poison_the_loss():
+    """Padded positions may hold -1e9 (a pad id outside the vocab mask) or 0 (a masked reference):
+    exp() of their difference is inf, and inf * 0 would make the loss and gradient NaN (seen in a
+    latent GRPO run). Values and gradients must equal those with clean padding."""
+    logp, old, ref, adv, mask = _inputs(seed=2)
+    lp, o, r, a, m = (jnp.asarray(x, jnp.float32) for x in (logp, old, ref, adv, mask))
+    pad = m == 0
+    assert bool(pad.any())
+
+    def loss(x, o, r):
+        return grpo_loss(x, o, r, a, m, beta=0.04, epsilon=0.2)[0]
+
+    clean = jax.value_and_grad(loss)(lp, o, r)
+    dirty = jax.value_and_grad(loss)(jnp.where(pad, -1e9, lp), jnp.where(pad, -1e9, o), jnp.where(pad, 0.0, r))
+    assert np.isfinite(float(dirty[0])) and np.isfinite(np.asarray(dirty[1])).all()
+    np.testing.assert_allclose(float(dirty[0]), float(clean[0]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(dirty[1]), np.asarray(clean[1]), rtol=1e-6, atol=1e-8)
+
+
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "dr_grpo"])
 def test_micro_batches_with_global_denominator_sum_to_full_batch(mode):
     logp, old, ref, adv, mask = _inputs(seed=2)
