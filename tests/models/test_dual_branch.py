@@ -12,15 +12,13 @@ from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_mo
 from dlr_jax.models.dual_branch import DualBranchLM, OCRBranch, branch_from_codebook_model, exact_prefix_init
 from dlr_jax.models.latent_lm import LatentConfig, build_latent_lm
 from dlr_jax.stages.export import LatentDecoder
+from tests.micro import codebook_nets
 
 K, DC = 16, 16
 CODEBOOK = [
-    "codebook.max_side=128", "codebook.image_size=128", "codebook.max_text_len=24", "codebook.vit_hidden=16",
-    "codebook.vit_layers=2", "codebook.vit_heads=2", "codebook.vit_mlp=32", "codebook.vit_global_every=2",
-    "codebook.vit_window=4", "codebook.neck_channels=8", "codebook.compressor_mid=8", "codebook.flow_layers=1",
-    "codebook.flow_heads=2", "codebook.flow_kv_heads=1", "codebook.flow_head_dim=8", "codebook.flow_mlp=32",
-    "codebook.num_queries=4", "codebook.dec_hidden=32", "codebook.dec_layers=1", "codebook.dec_heads=2",
-    "codebook.dec_kv_heads=1", "codebook.dec_head_dim=16", "codebook.dec_mlp=64", f"latent.num_latents={K}",
+    "codebook.max_side=128", "codebook.image_size=128", "codebook.max_text_len=24",
+    *codebook_nets(num_queries=4),
+    f"latent.num_latents={K}",
     f"latent.latent_dim={DC}",
 ]
 LM = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1,

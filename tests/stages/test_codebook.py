@@ -15,15 +15,12 @@ from dlr_jax.data import render_pipeline as rp
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.process_reward import LatentDecoder
 from dlr_jax.stages import codebook
+from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = [
     "codebook.min_side=128", "codebook.max_side=128", "codebook.image_size=128", "codebook.max_text_len=48",
-    "codebook.vit_hidden=16", "codebook.vit_layers=2", "codebook.vit_heads=2", "codebook.vit_mlp=32",
-    "codebook.vit_global_every=2", "codebook.vit_window=4", "codebook.neck_channels=8", "codebook.compressor_mid=8",
-    "codebook.flow_layers=1", "codebook.flow_heads=2", "codebook.flow_kv_heads=1", "codebook.flow_head_dim=8",
-    "codebook.flow_mlp=32", "codebook.num_queries=4", "codebook.dec_hidden=32", "codebook.dec_layers=1",
-    "codebook.dec_heads=2", "codebook.dec_kv_heads=1", "codebook.dec_head_dim=16", "codebook.dec_mlp=64",
+    *codebook_nets(num_queries=4),
     "latent.num_latents=16", "latent.latent_dim=16", "mesh.fsdp=1", "data.synthetic_train=48",
     "data.synthetic_eval=8", "codebook.train.batch_size=8", "codebook.train.progress=false",
     "codebook.train.async_checkpointing=false", "codebook.train.learning_rate=1e-2", "codebook.train.log_every=1",

@@ -23,6 +23,7 @@ from dlr_jax.models.dual_branch import OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
 from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import codebook, common, export, latent_common, sft
+from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
 K = 16
@@ -31,12 +32,9 @@ MICRO = [
     "model.num_kv_heads=1", "model.head_dim=16", "data.synthetic_train=64", "data.synthetic_eval=8",
     "data.max_len=96", "tokenizer.vocab_size=300", "tokenizer.pad_multiple=64", f"latent.num_latents={K}",
     "latent.latent_dim=16", "latent.source=codebook", "latent.dual_branch_weight=0.5", "mesh.fsdp=1",
-    "codebook.max_side=128", "codebook.image_size=128", "codebook.max_text_len=64", "codebook.vit_hidden=16",
-    "codebook.vit_layers=2", "codebook.vit_heads=2", "codebook.vit_mlp=32", "codebook.vit_global_every=2",
-    "codebook.vit_window=4", "codebook.neck_channels=8", "codebook.compressor_mid=8", "codebook.flow_layers=1",
-    "codebook.flow_heads=2", "codebook.flow_kv_heads=1", "codebook.flow_head_dim=8", "codebook.flow_mlp=32",
-    "codebook.num_queries=9", "codebook.dec_hidden=32", "codebook.dec_layers=1", "codebook.dec_heads=2",
-    "codebook.dec_kv_heads=1", "codebook.dec_head_dim=16", "codebook.dec_mlp=64", "codebook.char_dropout=0.25",
+    "codebook.max_side=128", "codebook.image_size=128", "codebook.max_text_len=64",
+    *codebook_nets(num_queries=9),
+    "codebook.char_dropout=0.25",
     "train.sft.batch_size=8", "train.sft.num_steps=30", "train.sft.log_every=1", "train.sft.progress=false",
     "train.sft.async_checkpointing=false", "train.sft.learning_rate=3e-3", "train.sft.checkpoint_every=1000",
 ]
