@@ -13,3 +13,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import jax  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """A persistent XLA cache for one test module: a resumed run builds a new Trainer whose step is
+    the same program, so it is read back instead of compiled a second time."""
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    old = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla")))
+    cc.reset_cache()
+    yield
+    jax.config.update("jax_compilation_cache_dir", old)
+    cc.reset_cache()

@@ -41,6 +41,7 @@ from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import common, rl
 from dlr_jax.stages.export import LatentDecoder
 from dlr_jax.tokens import train_bpe
+from tests.micro import codebook_nets
 from tests.test_process_reward import QUESTION, CopyEvaluator, _boundary, _completions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,11 +49,7 @@ K = 16
 TEXT_LEN = 32
 MICRO = [
     "codebook.min_side=128", "codebook.max_side=128", "codebook.image_size=128", f"codebook.max_text_len={TEXT_LEN}",
-    "codebook.vit_hidden=16", "codebook.vit_layers=2", "codebook.vit_heads=2", "codebook.vit_mlp=32",
-    "codebook.vit_global_every=2", "codebook.vit_window=4", "codebook.neck_channels=8", "codebook.compressor_mid=8",
-    "codebook.flow_layers=1", "codebook.flow_heads=2", "codebook.flow_kv_heads=1", "codebook.flow_head_dim=8",
-    "codebook.flow_mlp=32", "codebook.num_queries=8", "codebook.dec_hidden=32", "codebook.dec_layers=1",
-    "codebook.dec_heads=2", "codebook.dec_kv_heads=1", "codebook.dec_head_dim=16", "codebook.dec_mlp=64",
+    *codebook_nets(num_queries=8),
     f"latent.num_latents={K}", "latent.latent_dim=16", "mesh.fsdp=1", "codebook.eval_batch_size=4",
 ]
 # Code sequences (1 to 8 codes) the micro decoder is taught to read, and their CoTs (final answer last).

@@ -19,15 +19,12 @@ from dlr_jax.models.codebook_model import (
     normalize_text,
     teacher_inputs,
 )
+from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = [
     "codebook.max_side=256", "codebook.image_size=128", "codebook.max_text_len=24",
-    "codebook.vit_hidden=16", "codebook.vit_layers=2", "codebook.vit_heads=2", "codebook.vit_mlp=32",
-    "codebook.vit_global_every=2", "codebook.vit_window=4", "codebook.neck_channels=8", "codebook.compressor_mid=8",
-    "codebook.flow_layers=1", "codebook.flow_heads=2", "codebook.flow_kv_heads=1", "codebook.flow_head_dim=8",
-    "codebook.flow_mlp=32", "codebook.num_queries=16", "codebook.dec_hidden=32", "codebook.dec_layers=2",
-    "codebook.dec_heads=2", "codebook.dec_kv_heads=1", "codebook.dec_head_dim=16", "codebook.dec_mlp=64",
+    *codebook_nets(num_queries=16, dec_layers=2),
     "latent.num_latents=32", "latent.latent_dim=16",
 ]
 

@@ -91,20 +91,6 @@ def test_continuous_branch_is_skipped_once_alpha_is_zero():
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """A persistent XLA cache for this module only: the resumed run builds a new Trainer whose step
-    is the same program, so it is read back instead of compiled a second time."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    old = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla")))
-    cc.reset_cache()
-    yield
-    jax.config.update("jax_compilation_cache_dir", old)
-    cc.reset_cache()
-
-
-@pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, compile_cache):
     w = tmp_path_factory.mktemp("cb")
     # alpha_steps=0: the alpha branch is covered by the loss test above; each variant is a compile

@@ -56,19 +56,6 @@ def _write_codebook_meta(workdir, cfg):
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    """A persistent XLA cache for this module: the resumed run's step is read back, not recompiled."""
-    from jax.experimental.compilation_cache import compilation_cache as cc
-
-    old = jax.config.jax_compilation_cache_dir
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla")))
-    cc.reset_cache()
-    yield
-    jax.config.update("jax_compilation_cache_dir", old)
-    cc.reset_cache()
-
-
-@pytest.fixture(scope="module")
 def setup(tmp_path_factory, compile_cache):
     """A workdir where codebook, export and align have (nominally) run."""
     cfg = _cfg()
