@@ -250,6 +250,12 @@ class RLConfig:
     # their @register_reward decorators run (e.g. ["my_project.rewards"]).
     extra_rewards: tuple[str, ...] = ()
     reward_modules: tuple[str, ...] = ()
+    # Held-out reward curve (dlr_jax/stages/rl_eval.py): the first eval_prompts prompts of data.eval_split,
+    # eval_samples rollouts each at rl.temperature with fixed random numbers, scored with the training
+    # reward before step 1, every eval_every RL steps and at the end. 0 = off.
+    eval_prompts: int = 0
+    eval_samples: int = 4
+    eval_every: int = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +321,11 @@ class CodebookConfig:
     # char_dropout of the continuous warm-up (None = char_dropout). 1.0 drops every teacher-forced input
     # char, so the loss only falls if the decoder reads the image: what gets a from-scratch encoder reading
     warmup_char_dropout: float | None = None
+    # > 0: the warm-up trains on pieces of each CoT (consecutive whole words, at most this many chars;
+    # `render_pipeline.cot_pieces`) instead of whole CoTs: a length curriculum. Short texts sit in a few
+    # lines, so a decoder with no text inputs can find character j in the image; whole GSM8K CoTs wrap
+    # over 6-9 lines and a from-scratch encoder did not start reading them (BENCHMARKS.md)
+    warmup_piece_chars: int = 0
     kmeans_init_batches: int = 16  # batches of encoder features for the k-means warm start; 0 = random
     kmeans_iters: int = 10
     dead_code_every: int = 0  # refresh unused codes every this many steps (0 = never)

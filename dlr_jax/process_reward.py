@@ -113,8 +113,9 @@ class ProcessReward:
         return self._vocab_mask
 
     def evaluator_prompt(self, question: str, cot: str) -> list[int]:
-        """prompt_ids(question) + enc(y_hat)[:max_cot_tokens] + <answer> (the textsft CoT format)."""
-        return prompt_ids(self.tok, question) + self.tok.encode(cot)[: self.max_cot_tokens] + [
+        """prompt_ids(question) + enc(y_hat)[:max_cot_tokens] + <answer> (the textsft CoT format). y_hat
+        is encoded as plain text: markup an OCR decode spells (`<answer>`, `<z_3>`) stays text."""
+        return prompt_ids(self.tok, question) + self.tok.encode_plain(cot)[: self.max_cot_tokens] + [
             self.tok.answer_start_id
         ]
 

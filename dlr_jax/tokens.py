@@ -174,6 +174,23 @@ class Tokenizer:
             ids.append(self.eos_id)
         return ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Ids of `text` read as plain text: markup in it (`<answer>`, `<eos>`, `<z_3>`) becomes ordinary
+        text tokens, never the special or latent ids. For untrusted text fed to a model, e.g. an OCR
+        decode of latent ids (the process reward): a decode that happens to spell `<answer>` must not
+        end the evaluator's CoT."""
+        specials = sorted({t for t in (self.backend.id_to_token(i) for i in self.special_ids) if t}, key=len,
+                          reverse=True)
+        if not specials or not text:
+            return self._encode_text(text)
+        ids: list[int] = []
+        for piece in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
+            if piece in specials:  # split it so the added-token matcher cannot see it whole
+                ids += self._encode_text(piece[:1]) + self.encode_plain(piece[1:])
+            else:
+                ids += self._encode_text(piece)
+        return ids
+
     def encode_batch(
         self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False
     ) -> list[list[int]]:

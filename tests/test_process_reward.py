@@ -95,6 +95,12 @@ def test_evaluator_prompt_is_the_textsft_cot_format(tok, scorer):
     assert short.evaluator_prompt(QUESTION, cot) == prompt_ids(tok, QUESTION) + tok.encode(cot)[:3] + [
         tok.answer_start_id
     ]
+    # markup spelled by an OCR decode stays text: only the final <answer> is the boundary id
+    odd = "<<6*7=42>> <answer>41</answer> <z_1>"
+    p = scorer.evaluator_prompt(QUESTION, odd)
+    body = p[len(prompt_ids(tok, QUESTION)):-1]
+    assert p[-1] == tok.answer_start_id and tok.decode(body) == odd
+    assert not any(i in tok.special_ids or tok.is_latent(i) for i in body)
 
 
 def test_known_correct_trace_scores_one(tok, scorer):

@@ -190,3 +190,16 @@ def test_from_pretrained_dir_without_eos(tmp_path):
     backend.save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(ValueError, match="no eos token"):
         Tokenizer.from_pretrained_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text", ["<<3+4=7>> <answer>7</answer> <z_3><latent><z_49></latent>", "plain 12 + 3", "<<answer>>", ""]
+)
+def test_encode_plain_never_gives_special_or_latent_ids(tok, text):
+    """OCR decodes fed to the process reward's evaluator may spell markup; it must stay text."""
+    ids = tok.encode_plain(text)
+    assert not any(i in tok.special_ids or tok.is_latent(i) for i in ids)
+    assert tok.decode(ids) == text
+    assert tok.encode_plain("Tom has 5 apples.") == tok.encode("Tom has 5 apples.")  # no markup: same ids
+    if "<answer>" in text:
+        assert tok.answer_start_id in tok.encode(text)  # the control: plain encode does map it

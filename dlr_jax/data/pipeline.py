@@ -228,6 +228,12 @@ def make_stage_dataset(
             )
         # Over every kept example, before sharding: the same N on every process and every batch.
         ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]))
+        from dlr_jax.models.codebook_model import encode_target
+
+        cut = sum(encode_target(it.example.cot, ocr_text_len)[1] for it in items)
+        (log.warning if cut else log.info)(
+            "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d characters; their OCR "
+            "targets are cut", cut, len(items), ocr_text_len - 1)
     ds = grain.MapDataset.source(items)[shard_index::shard_count]
     if len(ds) == 0:
         fit = f"{len(items)} examples fit max_len={max_len}"

@@ -61,6 +61,25 @@ def render_config(cb: Any) -> render.RenderConfig:
     )
 
 
+def cot_pieces(text: str, max_chars: int) -> list[str]:
+    """`text` cut into consecutive pieces of whole words, each at most `max_chars` characters (a word
+    longer than that is a piece of its own, whole). Joining the pieces with single spaces gives back
+    the text with its whitespace runs collapsed."""
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars}")
+    pieces: list[str] = []
+    cur = ""
+    for word in text.split():
+        if cur and len(cur) + 1 + len(word) > max_chars:
+            pieces.append(cur)
+            cur = word
+        else:
+            cur = f"{cur} {word}" if cur else word
+    if cur:
+        pieces.append(cur)
+    return pieces
+
+
 def canvas_side(text: str, font_size: int, config: render.RenderConfig) -> tuple[int, bool, bool]:
     """(side, shrunk, truncated) that `render.render_cot_ex(text, font_size=..)` gives, without drawing."""
     path = config.font_path or render.default_font_path()

@@ -7,7 +7,8 @@ Order of work (each part resumes):
   1. optional continuous warm-up: `codebook.warmup_steps` steps of CE(H) alone (codebook frozen),
      so a from-scratch encoder + decoder learn to read before anything is quantized
      (<workdir>/codebook/warmup/); `warmup_char_dropout` = 1 hides all teacher-forced input
-     characters there, so only reading the image lowers the loss;
+     characters there, so only reading the image lowers the loss; `warmup_piece_chars` > 0 trains
+     it on short pieces of the CoTs (a length curriculum) instead of whole ones;
   2. k-means warm start of the codebook on encoder features of `kmeans_init_batches` rendered
      batches (skipped when resuming the main phase);
   3. the main phase: alpha decays 1 -> 0 linearly over `alpha_steps` steps (-1 = one epoch, the
@@ -349,8 +350,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     total = num_steps or cb.train.num_steps
     alpha_steps = len(plan) if cb.alpha_steps < 0 else cb.alpha_steps
 
-    def data(offset: int):
-        return iter(rp.make_render_dataset(plan.with_seed(seed + offset) if offset else plan,
+    def data(offset: int, use: rp.BatchPlan = plan):
+        return iter(rp.make_render_dataset(use.with_seed(seed + offset) if offset else use,
                                            shard_index=jax.process_index(), shard_count=jax.process_count(),
                                            num_workers=cfg.data.num_workers))
 
@@ -361,7 +362,14 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop), wcfg, out / "warmup",
                        trainable=nnx.All(nnx.Param, nnx.Not(nnx.PathContains("vq"))), mesh=mesh,
                        rules=cfg.mesh.rules, name="codebook-warmup")
-        warmed = warm.fit(data(1), cb.warmup_steps)
+        warm_plan = plan
+        if cb.warmup_piece_chars > 0:
+            pieces = [p for t in texts for p in rp.cot_pieces(t, cb.warmup_piece_chars)]
+            warm_plan = rp.BatchPlan(pieces, batch_size=cb.train.batch_size, seed=seed + 1,
+                                     config=rp.render_config(cb), max_text_len=cb.max_text_len)
+            print(f"[codebook] warm-up on {len(pieces)} pieces of <= {cb.warmup_piece_chars} chars; plan "
+                  f"{warm_plan.stats.as_dict()}", flush=True)
+        warmed = warm.fit(data(1, warm_plan), cb.warmup_steps)
         if warmed.preempted:  # SIGTERM in the warm-up: stop here, the next run resumes it
             return {"preempted": True, "phase": "warmup", "step": warmed.step}
         model = warmed.model

@@ -38,18 +38,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
 from dlr_jax import grpo
-from dlr_jax.config import Config, ModelConfig, from_dict
+from dlr_jax.config import Config
 from dlr_jax.data.formats import parse_generation, prompt_ids
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler, left_pad
-from dlr_jax.sharding import make_mesh, parse_mesh_spec, state_shardings
+from dlr_jax.sharding import state_shardings
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import load_latent_stage
-from dlr_jax.tokens import Tokenizer
+from dlr_jax.stages.rl_eval import held_out_evaluator
+from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, load_latent_decoder, sample_mesh_for
 from dlr_jax.trainer import Trainer, TrainingDiverged, _Writers
 
 METRICS = (
@@ -219,81 +219,6 @@ def grpo_update(trainer: Trainer, batch: dict[str, np.ndarray], *, epochs: int, 
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Models.
-
-
-def sample_mesh_for(spec: str, train_mesh: Mesh) -> Mesh:
-    """`rl.sample_mesh` ("data=8,fsdp=1,tensor=1") over the training mesh's devices; "" = that mesh."""
-    if not spec:
-        return train_mesh
-    shape = parse_mesh_spec(spec)
-    devices = list(train_mesh.devices.flat)
-    if math.prod(shape.values()) != len(devices):
-        raise ValueError(f"rl.sample_mesh={spec!r} needs {math.prod(shape.values())} devices; the training "
-                         f"mesh has {len(devices)}")
-    return make_mesh(shape["data"], shape["fsdp"], shape["tensor"], devices=devices)
-
-
-def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh) -> LatentDecoder | None:
-    """The codebook stage's frozen OCR decoder, from `dlr_jax.stages.codebook.load_latent_decoder(cfg,
-    workdir, mesh)` (None when that stage or its decoder is missing)."""
-    import importlib
-
-    try:
-        codebook = importlib.import_module("dlr_jax.stages.codebook")
-    except ModuleNotFoundError as e:
-        if e.name != "dlr_jax.stages.codebook":
-            raise
-        return None
-    fn = getattr(codebook, "load_latent_decoder", None)
-    return None if fn is None else fn(cfg, workdir, mesh)
-
-
-def extra_reward_weights(rl: Any) -> dict[str, float]:
-    """`rl.extra_rewards` ("name=weight" entries) as {name: weight}, after importing
-    `rl.reward_modules`; every name must be registered (dlr_jax.rewards.register_reward)."""
-    import importlib
-
-    from dlr_jax.rewards import get_reward
-
-    for mod in rl.reward_modules:
-        importlib.import_module(mod)
-    out: dict[str, float] = {}
-    for entry in rl.extra_rewards:
-        name, sep, w = str(entry).partition("=")
-        try:
-            weight = float(w)
-        except ValueError:
-            weight = None
-        if not sep or not name.strip() or weight is None:
-            raise ValueError(f"rl.extra_rewards entry {entry!r} must look like name=weight (e.g. brevity=0.5)")
-        name = name.strip()
-        if name in ("answer", "format", "process"):
-            raise ValueError(f"rl.extra_rewards: {name!r} is built in; set rl.{name}_weight instead")
-        get_reward(name)  # unknown names fail here, listing the registered ones
-        out[name] = weight
-    return out
-
-
-def load_evaluator(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
-    """The frozen evaluator LM of r_proc (`rl.evaluator`): "backbone" = the model before alignment;
-    else a workdir stage name or a `final/` directory holding a text backbone."""
-    from dlr_jax.checkpoint import read_meta, restore_params
-    from dlr_jax.models.transformer import Transformer
-    from dlr_jax.stages.latent_common import load_backbone_for_latents
-
-    spec = cfg.rl.evaluator
-    if spec == "backbone":
-        return load_backbone_for_latents(cfg, workdir, tok, mesh)
-    d = Path(spec) if (Path(spec) / "meta.json").is_file() else common.final_dir(workdir, spec)
-    meta = read_meta(d)
-    if meta.get("kind") != "backbone":
-        raise ValueError(f"{d}: rl.evaluator must be a text backbone checkpoint, found kind={meta.get('kind')!r}")
-    mcfg = from_dict(ModelConfig, meta["model"])
-    return restore_params(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), d, mesh, cfg.mesh.rules)
-
-
 def _check(cfg: Config) -> None:
     rl, t = cfg.rl, cfg.train.rl
     b = rl.num_prompts * rl.group_size
@@ -418,13 +343,43 @@ def run(
     )
     score = dict(temperature=rl.temperature, vocab_mask=vocab_mask)
 
+    def rewards_of(out: Any, group: list[Any]):
+        """(parsed completions, reward [rows], {component: [rows]}) of a sampler output."""
+        parsed = [parse_generation(tok, out.tokens[r, : out.lengths[r]]) for r in range(len(group))]
+        gen_mask = (np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]).astype(np.float32)
+        inputs = RewardInputs(
+            completions=[p.text for p in parsed], golds=[ex.answer for ex in group],
+            benchmark=cfg.data.dataset, completion_ids=out.tokens, completion_mask=gen_mask,
+            boundary=boundary, prompts=[ex.question for ex in group], extras=extras,
+        )
+        reward, parts = combine_rewards(inputs, weights)
+        return parsed, reward, parts
+
+    def held_out_score(rows: list[list[int]], group: list[Any], chunk: int):
+        # the same key at every evaluation: common random numbers across the curve
+        out = generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk))
+        return rewards_of(out, group)[1:]
+
+    evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score)
+
     writer = _Writers(trainer.dir, enabled=jax.process_index() == 0)
     stop = threading.Event()
     old_handler = (signal.signal(signal.SIGTERM, lambda *_: stop.set())
                    if threading.current_thread() is threading.main_thread() else None)
     history: list[dict[str, float]] = []
     preempted = False
+    def log_eval(step: int) -> None:
+        if evaluate is None:
+            return
+        m = evaluate()
+        writer.write(step, m)
+        history.append({"step": step, **m})
+        print(f"[rl] held-out step {step}: reward {m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} "
+              f"({int(m['eval/rollouts'])} rollouts)", flush=True)
+
     try:
+        if stream.steps == 0:
+            log_eval(0)
         while stream.steps < total:
             t0 = time.perf_counter()
             idx = next(stream)
@@ -446,13 +401,7 @@ def run(
             t2 = time.perf_counter()
 
             gen_mask = cmask[:, prompt_len:]
-            parsed = [parse_generation(tok, out.tokens[r, : out.lengths[r]]) for r in range(p_g)]
-            inputs = RewardInputs(
-                completions=[p.text for p in parsed], golds=[ex.answer for ex in group],
-                benchmark=cfg.data.dataset, completion_ids=out.tokens, completion_mask=gen_mask,
-                boundary=boundary, prompts=[ex.question for ex in group], extras=extras,
-            )
-            reward, parts = combine_rewards(inputs, weights)
+            parsed, reward, parts = rewards_of(out, group)
             batch["advantages"] = np.asarray(grpo.group_advantages(reward, rl.group_size, rl.scale_rewards))
             t3 = time.perf_counter()
 
@@ -487,6 +436,8 @@ def run(
                 break
             if step % tcfg.checkpoint_every == 0 or step == total:
                 trainer.save(stream, force=True)
+            if rl.eval_prompts and (step % rl.eval_every == 0 or step == total):
+                log_eval(step)
     finally:
         writer.close()
         if old_handler is not None:

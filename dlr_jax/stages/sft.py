@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +165,33 @@ def _from_align(cfg, workdir, tok, mesh):
     return load_latent_stage(cfg, workdir, "align", tok, mesh)
 
 
+def _check_branch_flip(workdir: str | Path, on: bool) -> None:
+    """The dual branch changes the checkpointed tree: resuming with it flipped cannot work. The
+    choice is recorded next to the checkpoints (sft/dual_branch.json) and checked on resume."""
+    d = common.stage_dir(workdir, STAGE)
+    marker, ckpts = d / "dual_branch.json", d / "checkpoints"
+    resuming = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
+    if resuming and marker.is_file():
+        was = bool(json.loads(marker.read_text())["on"])
+        if was != on:
+            raise ValueError(
+                f"{ckpts} was written with the sft dual branch {'on' if was else 'off'}, this run has it "
+                f"{'on' if on else 'off'} (latent.dual_branch={'on' if was else 'off'} resumes it); to start "
+                f"over with the branch {'on' if on else 'off'}, move {d} away"
+            )
+    d.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"on": on}) + "\n")
+
+
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> TrainResult:
     branch = resolve_dual_branch(cfg, workdir)
+    _check_branch_flip(workdir, branch is not None)
+    stale = decoder_dir(workdir)
+    if branch is None and stale.exists():  # an earlier run's decoder must not outlive it (process reward)
+        moved = stale.with_name(f"decoder.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        stale.rename(moved)
+        print(f"[sft] dual branch off: moved the earlier run's OCR decoder {stale} to {moved}; the process "
+              "reward will use the codebook stage's decoder", flush=True)
     if branch is not None:
         print(f"[sft] dual branch on: OCR decoder from {common.final_dir(workdir, 'codebook')}, "
               f"weight {branch.weight}; writes {decoder_dir(workdir)}", flush=True)

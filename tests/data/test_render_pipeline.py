@@ -118,3 +118,15 @@ def test_errors(texts):
     plan = rp.BatchPlan(texts, batch_size=B, seed=0, config=CFG, max_text_len=64)
     with pytest.raises(ValueError, match="must divide by the process count"):
         rp.make_render_dataset(plan, shard_count=3)
+
+
+def test_cot_pieces_are_consecutive_whole_words():
+    text = "<<600*30/100=180>> <<600*10/100=60>>  <<180+60=240>>\n<<600-240=360>>"
+    pieces = rp.cot_pieces(text, 24)
+    assert pieces == ["<<600*30/100=180>>", "<<600*10/100=60>>", "<<180+60=240>>", "<<600-240=360>>"]
+    assert rp.cot_pieces(text, 40) == ["<<600*30/100=180>> <<600*10/100=60>>", "<<180+60=240>> <<600-240=360>>"]
+    assert " ".join(rp.cot_pieces(text, 7)) == " ".join(text.split())  # nothing lost, words kept whole
+    assert rp.cot_pieces("a bc def", 4) == ["a bc", "def"]
+    assert rp.cot_pieces("   ", 10) == []
+    with pytest.raises(ValueError, match="max_chars"):
+        rp.cot_pieces("a", 0)

@@ -170,3 +170,36 @@ def test_warmup_char_dropout(tmp_path, monkeypatch, warm_drop, expect):
     extra = [] if warm_drop is None else [f"codebook.warmup_char_dropout={warm_drop}"]
     codebook.run(_cfg("codebook.warmup_steps=2", *extra), tmp_path)
     assert seen == {"codebook-warmup": expect}
+
+
+@pytest.mark.parametrize("piece_chars", [0, 12])
+def test_warmup_piece_chars(tmp_path, monkeypatch, piece_chars):
+    """codebook.warmup_piece_chars > 0 trains the warm-up on short whole-word pieces of the corpus
+    CoTs (nothing else of them); the main phase and k-means still see whole CoTs."""
+    from dlr_jax.data import render_pipeline as rp
+    from dlr_jax.trainer import Trainer, TrainResult
+
+    seen = {}
+    real = rp.make_render_dataset
+
+    def record(plan, **kw):
+        seen.setdefault("plans", []).append(list(plan.texts))
+        return real(plan, **kw)
+
+    def fit(self, data, num_steps=None, resume=True):
+        seen[self.name] = len(seen["plans"])
+        return TrainResult(None, 0, True, [])  # stop after the warm-up
+
+    monkeypatch.setattr(rp, "make_render_dataset", record)
+    monkeypatch.setattr(Trainer, "fit", fit)
+    cfg = _cfg("codebook.warmup_steps=2", f"codebook.warmup_piece_chars={piece_chars}")
+    codebook.run(cfg, tmp_path)
+    cots = codebook.corpus_texts(cfg)
+    assert seen["codebook-warmup"] == 1
+    warm_texts = seen["plans"][0]
+    if piece_chars == 0:
+        assert warm_texts == cots
+    else:
+        assert warm_texts == [p for t in cots for p in rp.cot_pieces(t, piece_chars)]
+        assert len(warm_texts) > len(cots)
+        assert all(len(p) <= piece_chars or " " not in p for p in warm_texts)

@@ -6,6 +6,8 @@ saved as stages/codebook.py saves it, fixed random latent ids, an untrained late
 codebook), so only sft itself runs."""
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import jax
@@ -15,9 +17,9 @@ import pytest
 from flax import nnx
 
 from dlr_jax.checkpoint import read_meta, save_params
-from dlr_jax.config import ConfigError, load_config
+from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.data.latents import latents_path, write_latents
-from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, make_stage_dataset
+from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
 from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, build_codebook_model, encode_target
 from dlr_jax.models.dual_branch import OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
@@ -138,6 +140,18 @@ def test_batches_carry_ocr_fields_and_resume(setup):
         make_stage_dataset("sft", train, tok, ocr_text_len=64, pack=True, **kw)
 
 
+def test_cut_ocr_targets_are_counted(setup, caplog):
+    cfg, _, tok, train, table, _ = setup
+    kw = dict(batch_size=4, max_len=96, seed=0, latents=table, num_threads=0)
+    kept, _ = filter_by_length("sft", train, tok, max_len=96, latents=table)
+    for text_len, want in ((8, sum(len(ex.cot) > 7 for ex in kept)), (512, 0)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dlr_jax.data.pipeline"):
+            make_stage_dataset("sft", train, tok, ocr_text_len=text_len, **kw)
+        assert f"{want} of {len(kept)} CoTs are longer than ocr_text_len - 1 = {text_len - 1}" in caplog.text
+    assert want == 0 and sum(len(ex.cot) > 7 for ex in kept) > 0
+
+
 # ----------------------------------------------------------------------------------------------
 # The loss.
 
@@ -254,3 +268,24 @@ def test_outputs_and_decoder_for_later_stages(setup, trained):
     out = dec.decode([[1, 2, 3, 4], [5] * 9, []])
     assert len(out) == 3 and all(isinstance(s, str) for s in out) and out[2] == ""
     assert isinstance(second.model, type(lm))  # sft.run returns the latent LM, as without the branch
+
+
+def test_flipping_the_branch_on_resume_is_a_clear_error(setup, trained):
+    cfg, w, *_ = setup
+    with pytest.raises(ValueError, match="written with the sft dual branch on"):
+        sft.run(apply_overrides(cfg, ["latent.dual_branch=off"]), w)
+
+
+def test_a_fresh_run_without_the_branch_moves_the_old_decoder_away(setup, trained, tmp_path):
+    """Else the process reward would read latents with a decoder from a run that no longer exists."""
+    cfg, w, *_ = setup
+    wd = tmp_path / "w"
+    shutil.copytree(w, wd)
+    for old in ("checkpoints", "final", "events", "dual_branch.json"):  # a fresh sft run, the decoder left
+        shutil.rmtree(wd / "sft" / old, ignore_errors=True)
+        (wd / "sft" / old).unlink(missing_ok=True)
+    assert sft.decoder_dir(wd).is_dir()
+    sft.run(apply_overrides(cfg, ["latent.dual_branch=off"]), wd, num_steps=1)
+    assert not sft.decoder_dir(wd).exists()
+    assert len(list((wd / "sft").glob("decoder.stale-*"))) == 1  # moved, not deleted
+    assert not isinstance(export.load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder

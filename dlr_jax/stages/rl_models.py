@@ -1,0 +1,88 @@
+"""The RL stage's other models and reward wiring: the sampling mesh, the frozen OCR decoder and
+evaluator LM of the process reward, and users' registered rewards (`rl.extra_rewards`)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from dlr_jax.config import Config, ModelConfig, from_dict
+from dlr_jax.process_reward import LatentDecoder
+from dlr_jax.sharding import make_mesh, parse_mesh_spec
+from dlr_jax.stages import common
+from dlr_jax.tokens import Tokenizer
+
+
+def sample_mesh_for(spec: str, train_mesh: Mesh) -> Mesh:
+    """`rl.sample_mesh` ("data=8,fsdp=1,tensor=1") over the training mesh's devices; "" = that mesh."""
+    if not spec:
+        return train_mesh
+    shape = parse_mesh_spec(spec)
+    devices = list(train_mesh.devices.flat)
+    if math.prod(shape.values()) != len(devices):
+        raise ValueError(f"rl.sample_mesh={spec!r} needs {math.prod(shape.values())} devices; the training "
+                         f"mesh has {len(devices)}")
+    return make_mesh(shape["data"], shape["fsdp"], shape["tensor"], devices=devices)
+
+
+def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh) -> LatentDecoder | None:
+    """The codebook stage's frozen OCR decoder, from `dlr_jax.stages.codebook.load_latent_decoder(cfg,
+    workdir, mesh)` (None when that stage or its decoder is missing)."""
+    import importlib
+
+    try:
+        codebook = importlib.import_module("dlr_jax.stages.codebook")
+    except ModuleNotFoundError as e:
+        if e.name != "dlr_jax.stages.codebook":
+            raise
+        return None
+    fn = getattr(codebook, "load_latent_decoder", None)
+    return None if fn is None else fn(cfg, workdir, mesh)
+
+
+def extra_reward_weights(rl: Any) -> dict[str, float]:
+    """`rl.extra_rewards` ("name=weight" entries) as {name: weight}, after importing
+    `rl.reward_modules`; every name must be registered (dlr_jax.rewards.register_reward)."""
+    import importlib
+
+    from dlr_jax.rewards import get_reward
+
+    for mod in rl.reward_modules:
+        importlib.import_module(mod)
+    out: dict[str, float] = {}
+    for entry in rl.extra_rewards:
+        name, sep, w = str(entry).partition("=")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = None
+        if not sep or not name.strip() or weight is None:
+            raise ValueError(f"rl.extra_rewards entry {entry!r} must look like name=weight (e.g. brevity=0.5)")
+        name = name.strip()
+        if name in ("answer", "format", "process"):
+            raise ValueError(f"rl.extra_rewards: {name!r} is built in; set rl.{name}_weight instead")
+        get_reward(name)  # unknown names fail here, listing the registered ones
+        out[name] = weight
+    return out
+
+
+def load_evaluator(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
+    """The frozen evaluator LM of r_proc (`rl.evaluator`): "backbone" = the model before alignment;
+    else a workdir stage name or a `final/` directory holding a text backbone."""
+    from dlr_jax.checkpoint import read_meta, restore_params
+    from dlr_jax.models.transformer import Transformer
+    from dlr_jax.stages.latent_common import load_backbone_for_latents
+
+    spec = cfg.rl.evaluator
+    if spec == "backbone":
+        return load_backbone_for_latents(cfg, workdir, tok, mesh)
+    d = Path(spec) if (Path(spec) / "meta.json").is_file() else common.final_dir(workdir, spec)
+    meta = read_meta(d)
+    if meta.get("kind") != "backbone":
+        raise ValueError(f"{d}: rl.evaluator must be a text backbone checkpoint, found kind={meta.get('kind')!r}")
+    mcfg = from_dict(ModelConfig, meta["model"])
+    return restore_params(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), d, mesh, cfg.mesh.rules)

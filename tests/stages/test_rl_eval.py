@@ -1,0 +1,61 @@
+"""The RL stage's held-out reward curve: fixed rows in fixed-size chunks, means over real rows only,
+and the stage writing the curve (step 0, every eval_every steps) reproducibly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from dlr_jax.config import apply_overrides
+from dlr_jax.stages import rl
+from dlr_jax.stages.rl_eval import eval_rows, held_out_reward
+from tests.stages.test_rl import workdir  # noqa: F401  (the micro RL workdir fixture)
+
+
+def test_eval_rows_repeat_and_pad_to_the_chunk():
+    chunks = eval_rows([[1], [2], [3]], ["a", "b", "c"], samples=3, chunk=4)
+    assert [real for _, _, real in chunks] == [4, 4, 1]
+    assert [rows for rows, _, _ in chunks][0] == [[1], [1], [1], [2]]
+    assert chunks[2][0] == [[3]] * 4 and chunks[2][1] == ["c"] * 4  # padded with its own first row
+    assert all(len(rows) == 4 for rows, _, _ in chunks)  # one compiled rollout shape
+    with pytest.raises(ValueError, match="samples"):
+        eval_rows([[1]], ["a"], samples=0, chunk=4)
+
+
+def test_held_out_reward_averages_real_rows_only():
+    chunks = eval_rows([[1], [2], [3]], ["a", "b", "c"], samples=1, chunk=2)  # last chunk: 1 real, 1 pad
+
+    def score(rows, exs, i):
+        r = np.array([float(row[0]) for row in rows])
+        return r, {"answer": r / 10, "format": np.ones(len(rows))}
+
+    m = held_out_reward(score, chunks)
+    assert m["eval/reward"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3; the pad row (3 again) is dropped
+    assert m["eval/accuracy"] == m["eval/reward/answer"] == pytest.approx(0.2)
+    assert m["eval/reward/format"] == 1.0 and m["eval/rollouts"] == 3
+
+
+def test_stage_writes_a_reproducible_held_out_curve(workdir, tmp_path):  # noqa: F811
+    cfg, w = workdir
+    cfg = apply_overrides(cfg, ["rl.process_weight=0", "rl.eval_prompts=3", "rl.eval_samples=3",
+                                "rl.eval_every=2"])
+    curves = []
+    for run in ("a", "b"):
+        wd = tmp_path / run
+        wd.mkdir()
+        for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+            src = w / part
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, wd / part)
+        res = rl.run(cfg, wd, num_steps=3)
+        lines = [json.loads(x) for x in (wd / "rl" / "metrics.jsonl").read_text().splitlines()]
+        ev = [m for m in lines if "eval/reward" in m]
+        assert [m["step"] for m in ev] == [0, 2, 3]  # before step 1, every 2 steps, and the last
+        assert [m["step"] for m in res.history if "eval/reward" in m] == [0, 2, 3]
+        for m in ev:
+            assert m["eval/rollouts"] == 9
+            assert m["eval/reward"] == pytest.approx(m["eval/reward/answer"] + 0.1 * m["eval/reward/format"])
+        curves.append([m["eval/reward"] for m in ev])
+    assert curves[0] == curves[1]  # fixed prompts and random numbers: the same policy scores the same
