@@ -41,7 +41,7 @@ DEFAULT_CONFIG = REPO / "configs" / "tiny.yaml"
 PHASES = ("rollout", "score", "rewards", "update")
 LINKED = ("tokenizer", "textsft_cot", "sft", "codebook")  # what the rl stage reads from a workdir
 # The benchmark's own bookkeeping: no progress bar, synchronous checkpoints, and only the final one.
-FIXED = ["train.rl.progress=false", "train.rl.async_checkpointing=false", "train.rl.checkpoint_every=1000000"]
+FIXED = ["rl.eval_prompts=0", "train.rl.progress=false", "train.rl.async_checkpointing=false", "train.rl.checkpoint_every=1000000"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -222,6 +222,9 @@ class RLConfig:
     `--set rl.process_weight=0` is the process-reward ablation."""
 
     num_prompts: int = 16  # P prompts per RL step (P * G rollouts)
+    # > 0: RL draws its prompts from the first prompt_pool training problems only (epochs over a fixed
+    # pool, as RL on a benchmark's train set does); 0 = the whole data.train_split
+    prompt_pool: int = 0
     group_size: int = 32  # G
     temperature: float = 1.0
     top_p: float = 1.0
@@ -255,6 +258,7 @@ class RLConfig:
     # reward before step 1, every eval_every RL steps and at the end. 0 = off.
     eval_prompts: int = 0
     eval_samples: int = 4
+    eval_split: str = ""  # "" = data.eval_split; "pool" = the RL training prompts (rl.prompt_pool); a split
     eval_every: int = 10
 
 

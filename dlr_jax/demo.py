@@ -116,6 +116,13 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
         rl_mod = importlib.import_module("dlr_jax.stages.rl")
         once("rl", lambda: rl_mod.run(cfg, workdir))
         methods.append(("DLR-RL", "rl"))
+        from dlr_jax.stages.rl_eval import reward_curve
+
+        curve = reward_curve(common.stage_dir(workdir, "rl") / "metrics.jsonl")
+        if curve:
+            where = cfg.rl.eval_split or cfg.data.eval_split
+            print(f"RL reward on {cfg.rl.eval_prompts} fixed {where!r} prompts x {cfg.rl.eval_samples} samples "
+                  f"(T={cfg.rl.temperature}): " + ", ".join(f"step {s} {r:.3f}" for s, r, _ in curve), flush=True)
     rows = []
     for label, stage in methods:
         print(f"== evaluate {stage} ==", flush=True)

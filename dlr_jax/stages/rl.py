@@ -18,6 +18,10 @@ One RL step:
    `train.rl.batch_size`, each one `Trainer.train_step` with the clipped-ratio + k3-KL loss. The
    codebook is frozen (`filter_for_stage("rl")`); the OCR decoder and evaluator are separate models.
 
+Prompts come from data.train_split (or its first `rl.prompt_pool` problems). With `rl.eval_prompts`
+> 0 the policy's reward on a fixed prompt set (data.eval_split, or the pool) is measured before step 1
+and every `rl.eval_every` steps with fixed random numbers (`rl_eval.py`): a low-noise reward curve.
+
 Checkpoints hold the trainer state plus the prompt stream (which also counts RL steps), so rerunning
 the command continues. Metrics per RL step go to `<workdir>/rl/metrics.jsonl` (see `METRICS`).
 """
@@ -66,7 +70,8 @@ class RLResult:
     model: nnx.Module
     step: int
     preempted: bool
-    history: list[dict[str, float]]
+    history: list[dict[str, float]]  # one row per RL step
+    evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # rl.eval_* rows (rl_eval.py)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,6 +266,8 @@ def run(
     common.prepare_workdir(cfg, workdir)
     examples = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, examples)
+    if rl.prompt_pool > 0:
+        examples = examples[: rl.prompt_pool]
     train_mesh = common.make_mesh_for(cfg)
     smesh = sample_mesh_for(rl.sample_mesh, train_mesh)
     rules = cfg.mesh.rules
@@ -360,20 +367,21 @@ def run(
         out = generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk))
         return rewards_of(out, group)[1:]
 
-    evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score)
+    evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
     writer = _Writers(trainer.dir, enabled=jax.process_index() == 0)
     stop = threading.Event()
     old_handler = (signal.signal(signal.SIGTERM, lambda *_: stop.set())
                    if threading.current_thread() is threading.main_thread() else None)
     history: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
     preempted = False
     def log_eval(step: int) -> None:
         if evaluate is None:
             return
         m = evaluate()
         writer.write(step, m)
-        history.append({"step": step, **m})
+        evals.append({"step": step, **m})
         print(f"[rl] held-out step {step}: reward {m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} "
               f"({int(m['eval/rollouts'])} rollouts)", flush=True)
 
@@ -446,4 +454,4 @@ def run(
     if not preempted:
         common.save_stage_model(final, workdir, "rl", kind="latent_lm", model_cfg=final.model_cfg,
                                 extra={"rl_steps": stream.steps})
-    return RLResult(final, stream.steps, preempted, history)
+    return RLResult(final, stream.steps, preempted, history, evals)

@@ -25,6 +25,21 @@ from dlr_jax.tokens import Tokenizer
 ScoreFn = Callable[[list[list[int]], list[Any], int], tuple[np.ndarray, dict[str, np.ndarray]]]
 
 
+def reward_curve(metrics_path: Any) -> list[tuple[int, float, float]]:
+    """[(RL step, eval/reward, eval/accuracy)] from a run's rl/metrics.jsonl (empty without eval rows).
+    A resumed run may repeat a step; the last row of each step wins."""
+    import json
+    from pathlib import Path
+
+    curve: dict[int, tuple[float, float]] = {}
+    p = Path(metrics_path)
+    for line in (p.read_text().splitlines() if p.is_file() else []):
+        m = json.loads(line)
+        if "eval/reward" in m:
+            curve[int(m["step"])] = (float(m["eval/reward"]), float(m.get("eval/accuracy", float("nan"))))
+    return [(k, *v) for k, v in sorted(curve.items())]
+
+
 def eval_rows(prompts: Sequence[list[int]], examples: Sequence[Any], samples: int, chunk: int
               ) -> list[tuple[list[list[int]], list[Any], int]]:
     """Each prompt repeated `samples` times, cut into chunks of exactly `chunk` rows (the compiled
@@ -60,15 +75,16 @@ def held_out_reward(score: ScoreFn, chunks: list[tuple[list[list[int]], list[Any
     return out
 
 
-def held_out_evaluator(cfg: Config, tok: Tokenizer, room: int, chunk: int, score: Any):
+def held_out_evaluator(cfg: Config, tok: Tokenizer, room: int, chunk: int, score: Any, pool: Any = ()):
     """None when rl.eval_prompts = 0; else a function returning the held-out reward metrics
     (`rl_eval.held_out_reward`) of the current policy on the first rl.eval_prompts prompts of
     data.eval_split that fit in `room` tokens."""
     if cfg.rl.eval_prompts <= 0:
         return None
-    exs = common.load_examples(cfg, cfg.data.eval_split)
+    split = cfg.rl.eval_split or cfg.data.eval_split
+    exs = list(pool) if split == "pool" else common.load_examples(cfg, split)
     pairs = [(p, ex) for ex in exs if len(p := prompt_ids(tok, ex.question)) <= room][: cfg.rl.eval_prompts]
     if not pairs:
-        raise ValueError(f"rl.eval_prompts: no {cfg.data.eval_split!r} prompt fits in {room} tokens")
+        raise ValueError(f"rl.eval_prompts: no {split!r} prompt fits in {room} tokens")
     chunks = eval_rows([p for p, _ in pairs], [ex for _, ex in pairs], cfg.rl.eval_samples, chunk)
     return lambda: held_out_reward(score, chunks)

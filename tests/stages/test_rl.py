@@ -32,7 +32,7 @@ MICRO = [
 RL = [
     "rl.num_prompts=2", "rl.group_size=4", "rl.max_new_tokens=16", "rl.max_latents=4", "rl.inner_epochs=1",
     "rl.constrain_format=true", "train.rl.batch_size=8", "train.rl.progress=false",
-    "train.rl.async_checkpointing=false", "train.rl.learning_rate=1e-3",
+    "train.rl.async_checkpointing=false", "train.rl.learning_rate=1e-3", "rl.prompt_pool=0", "rl.eval_prompts=0",
 ]
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dlr_jax.config import apply_overrides
-from dlr_jax.stages import rl
-from dlr_jax.stages.rl_eval import eval_rows, held_out_reward
+from dlr_jax.stages import common, rl
+from dlr_jax.stages.rl_eval import eval_rows, held_out_evaluator, held_out_reward
 from tests.stages.test_rl import workdir  # noqa: F401  (the micro RL workdir fixture)
 
 
@@ -53,9 +53,41 @@ def test_stage_writes_a_reproducible_held_out_curve(workdir, tmp_path):  # noqa:
         lines = [json.loads(x) for x in (wd / "rl" / "metrics.jsonl").read_text().splitlines()]
         ev = [m for m in lines if "eval/reward" in m]
         assert [m["step"] for m in ev] == [0, 2, 3]  # before step 1, every 2 steps, and the last
-        assert [m["step"] for m in res.history if "eval/reward" in m] == [0, 2, 3]
+        assert [m["step"] for m in res.evals] == [0, 2, 3] and [m["step"] for m in res.history] == [1, 2, 3]
         for m in ev:
             assert m["eval/rollouts"] == 9
             assert m["eval/reward"] == pytest.approx(m["eval/reward/answer"] + 0.1 * m["eval/reward/format"])
         curves.append([m["eval/reward"] for m in ev])
     assert curves[0] == curves[1]  # fixed prompts and random numbers: the same policy scores the same
+
+
+def test_prompt_pool_and_evaluating_on_it(workdir, tmp_path):  # noqa: F811
+    """rl.prompt_pool limits RL to the first training problems (epochs over them); rl.eval_split=pool
+    evaluates on those same prompts."""
+    cfg, w = workdir
+    cfg = apply_overrides(cfg, ["rl.process_weight=0", "rl.prompt_pool=4", "rl.eval_split=pool",
+                                "rl.eval_prompts=10", "rl.eval_samples=2", "rl.eval_every=5"])
+    for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+        src = w / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
+    res = rl.run(cfg, tmp_path, num_steps=3)
+    state = json.loads((tmp_path / "rl" / "checkpoints" / "3" / "data" / "metadata").read_text())
+    n = state["n"]  # the pool's prompts that fit data.max_len - rl.max_new_tokens
+    assert 2 <= n <= 4 and state["epoch"] * n + state["pos"] == 3 * 2  # 3 steps x 2 prompts: epochs over the pool
+    ev = res.evals
+    assert [m["step"] for m in ev] == [0, 3] and all(m["eval/rollouts"] == 2 * n for m in ev)
+    tok = common.get_tokenizer(cfg, tmp_path, [])
+    with pytest.raises(ValueError, match="no 'test' prompt fits in 0 tokens"):
+        held_out_evaluator(apply_overrides(cfg, ["rl.eval_split=test"]), tok, 0, 8, None)
+
+
+def test_reward_curve_reads_eval_rows(tmp_path):
+    from dlr_jax.stages.rl_eval import reward_curve
+
+    p = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "eval/reward": 0.1, "eval/accuracy": 0.05}, {"step": 1, "reward": 0.3},
+            {"step": 2, "eval/reward": 0.2, "eval/accuracy": 0.1},
+            {"step": 2, "eval/reward": 0.25, "eval/accuracy": 0.2}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert reward_curve(p) == [(0, 0.1, 0.05), (2, 0.25, 0.2)]
+    assert reward_curve(tmp_path / "missing.jsonl") == []
