@@ -130,6 +130,23 @@ def test_stage_resumed_and_refreshed_codes(run_dir):
     assert [m["step"] for m in warm] == [1] and "ce_c" in warm[0] and "ce_q" not in warm[0]
 
 
+def test_checkpoint_report_matches_the_final_report(run_dir, capsys):
+    """`python -m dlr_jax.stages.codebook_report` on the last checkpoint gives the numbers the finished
+    stage wrote (same model, CoTs and shuffle); an earlier step can be asked for."""
+    from dlr_jax.stages import codebook_report
+
+    _, w, _, _ = run_dir
+    final = json.loads((w / "codebook" / "report.json").read_text())["held_out"]
+    assert codebook_report.main(["--workdir", str(w)]) == 0
+    got = json.loads((w / "codebook" / "report_step3.json").read_text())
+    assert got["step"] == 3 and "CER true=" in capsys.readouterr().out
+    for k in ("examples", "cer_true", "cer_shuffled", "cer_continuous", "perplexity", "used_codes"):
+        assert got[k] == pytest.approx(final[k], abs=1e-6), k
+    assert codebook_report.checkpoint_report(w, step=2, examples=4)["step"] == 2
+    with pytest.raises(FileNotFoundError, match="no main-phase checkpoint at step 7"):
+        codebook_report.checkpoint_report(w, step=7)
+
+
 def test_latent_decoder_from_the_stage(run_dir):
     cfg, w, _, _ = run_dir
     dec = codebook.load_latent_decoder(cfg, w)
