@@ -382,7 +382,8 @@ def run(
         m = evaluate()
         writer.write(step, m)
         evals.append({"step": step, **m})
-        print(f"[rl] held-out step {step}: reward {m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} "
+        print(f"[rl] eval ({rl.eval_split or cfg.data.eval_split} prompts) step {step}: reward {m['eval/reward']:.4f} "
+              f"acc {m.get('eval/accuracy', 0.0):.4f} "
               f"({int(m['eval/rollouts'])} rollouts)", flush=True)
 
     try:
