@@ -40,8 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "tiny.yaml"
 PHASES = ("rollout", "score", "rewards", "update")
 LINKED = ("tokenizer", "textsft_cot", "sft", "codebook")  # what the rl stage reads from a workdir
-# The benchmark's own bookkeeping: no progress bar, synchronous checkpoints, and only the final one.
-FIXED = ["rl.eval_prompts=0", "train.rl.progress=false", "train.rl.async_checkpointing=false", "train.rl.checkpoint_every=1000000"]
+# The benchmark's own bookkeeping: no reward-curve evaluation, no progress bar, synchronous checkpoints and
+# only the final one.
+FIXED = ["rl.eval_prompts=0", "train.rl.progress=false", "train.rl.async_checkpointing=false",
+         "train.rl.checkpoint_every=1000000"]
 
 
 @dataclasses.dataclass(frozen=True)

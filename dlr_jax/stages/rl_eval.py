@@ -1,8 +1,9 @@
 """Held-out reward curve of the RL stage: the policy's mean reward on a fixed set of prompts.
 
-The training reward of an RL step is measured on that step's P fresh prompts; with P = 16 its noise
+The training reward of an RL step is measured on that step's P prompts; with P = 16 its noise
 (problem difficulty varies) hides a change of a few points. This evaluation samples the same
-`rl.eval_prompts` held-out prompts (`data.eval_split`), `rl.eval_samples` times each, at the rollout
+`rl.eval_prompts` prompts (`rl.eval_split`: data.eval_split by default, or "pool" = the RL
+training problems of `rl.prompt_pool`), `rl.eval_samples` times each, at the rollout
 temperature, with the same random numbers every time (common random numbers: a difference between
 two evaluations is the policy's, not the sampler's), and scores them with the training reward. It
 runs before the first RL step (step 0), every `rl.eval_every` steps and after the last one, and
@@ -78,7 +79,8 @@ def held_out_reward(score: ScoreFn, chunks: list[tuple[list[list[int]], list[Any
 def held_out_evaluator(cfg: Config, tok: Tokenizer, room: int, chunk: int, score: Any, pool: Any = ()):
     """None when rl.eval_prompts = 0; else a function returning the held-out reward metrics
     (`rl_eval.held_out_reward`) of the current policy on the first rl.eval_prompts prompts of
-    data.eval_split that fit in `room` tokens."""
+    rl.eval_split (default data.eval_split; "pool" = `pool`, the RL training problems) that fit in
+    `room` tokens. `score(rows, examples, chunk)` samples and scores one chunk of `chunk` rows."""
     if cfg.rl.eval_prompts <= 0:
         return None
     split = cfg.rl.eval_split or cfg.data.eval_split
