@@ -337,7 +337,7 @@ def run(
 
     processor, aux = None, None
     if rl.max_latents or rl.constrain_format:
-        from dlr_jax.evaluate import latent_phase_processor, latent_processor_aux
+        from dlr_jax.latent_grammar import latent_phase_processor, latent_processor_aux
 
         processor = latent_phase_processor
         aux = latent_processor_aux(tok, limit=rl.max_latents or rl.max_new_tokens, constrain=rl.constrain_format)
