@@ -52,9 +52,39 @@ class TrainResult:
     history: list[dict[str, float]]
 
 
+def _key_name(k: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
+def clip_by_group_global_norm(max_norm: float, group_of: Callable[[tuple[str, ...]], str]
+                              ) -> optax.GradientTransformation:
+    """`optax.clip_by_global_norm` applied to each group of parameters on its own: `group_of(path)`
+    names the group of a leaf from its tree path. Two models trained in one state (e.g. the latent
+    LM and sft's dual-branch OCR decoder) then cannot shrink each other's steps. Same (empty) state as
+    `clip_by_global_norm`, so checkpoints do not change."""
+
+    def update_fn(updates, state, params=None):
+        del params
+        flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
+        groups = [group_of(tuple(_key_name(k) for k in path)) for path, _ in flat]
+        scale = {}
+        for g in set(groups):
+            norm = optax.global_norm([leaf for (_, leaf), h in zip(flat, groups, strict=True) if h == g])
+            scale[g] = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        leaves = [(leaf * scale[g]).astype(leaf.dtype) for (_, leaf), g in zip(flat, groups, strict=True)]
+        return jax.tree_util.tree_unflatten(treedef, leaves), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
 def make_optimizer(
-    cfg: TrainConfig, num_steps: int | None = None
+    cfg: TrainConfig, num_steps: int | None = None, clip_group: Callable[[tuple[str, ...]], str] | None = None
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (or SGD) with warmup + cosine after global-norm clipping at cfg.grad_clip; with
+    `clip_group`, the clipping is per group of parameters (`clip_by_group_global_norm`)."""
     steps = max(1, num_steps or cfg.num_steps)
     warmup = int(round(cfg.warmup_ratio * steps))
     schedule = optax.warmup_cosine_decay_schedule(
@@ -75,7 +105,12 @@ def make_optimizer(
         opt = optax.sgd(schedule)
     else:
         raise ValueError(f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    clip = optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity()
+    if cfg.grad_clip <= 0:
+        clip = optax.identity()
+    elif clip_group is not None:
+        clip = clip_by_group_global_norm(cfg.grad_clip, clip_group)
+    else:
+        clip = optax.clip_by_global_norm(cfg.grad_clip)
     return optax.chain(clip, opt), schedule
 
 
@@ -97,7 +132,9 @@ class Trainer:
         mesh: Mesh | None = None,
         rules: str = "fsdp",
         name: str = "train",
+        clip_group: Callable[[tuple[str, ...]], str] | None = None,
     ):
+        """clip_group: clip gradients per group of trainable params (`clip_by_group_global_norm`)."""
         if cfg.batch_size % cfg.grad_accum:
             raise ValueError(f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}")
         self.cfg = cfg
@@ -111,7 +148,7 @@ class Trainer:
         self.graphdef, self.params, self.rest = nnx.split(model, trainable, ...)
         if not jax.tree.leaves(self.params):
             raise ValueError(f"{name}: the trainable filter {trainable!r} selects no parameters")
-        self.tx, self.schedule = make_optimizer(cfg)
+        self.tx, self.schedule = make_optimizer(cfg, clip_group=clip_group)
         with use_mesh(self.mesh):
             self.params = self._place(self.params)
             self.rest = self._place(self.rest)

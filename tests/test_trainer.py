@@ -136,3 +136,46 @@ def test_sharded_step_equals_single_device_step(tmp_path):
     sharded = tr.fit(iter(dataset()))
     assert_trees_close(params_of(single.model), params_of(sharded.model), atol=1e-5)
     assert sh.sharded_fraction(nnx.state(sharded.model, nnx.Param)) > 0.9
+
+
+def test_clip_by_group_global_norm_matches_optax_per_group():
+    import optax
+
+    from dlr_jax.trainer import clip_by_group_global_norm
+
+    g = {"lm": {"w": jnp.array([0.3, 0.4])}, "ocr": {"w": jnp.array([3.0, 4.0]), "b": jnp.array([12.0])}}
+    tx = clip_by_group_global_norm(1.0, lambda path: path[0])
+    out, _ = tx.update(g, tx.init(g))
+    np.testing.assert_allclose(out["lm"]["w"], [0.3, 0.4])  # norm 0.5 < 1: untouched
+    for part in ("lm", "ocr"):  # the peer: optax's own clip, one group at a time
+        ref, _ = optax.clip_by_global_norm(1.0).update(g[part], optax.EmptyState())
+        for k in g[part]:
+            np.testing.assert_allclose(out[part][k], ref[k], rtol=1e-6)
+    whole, _ = optax.clip_by_global_norm(1.0).update(g, optax.EmptyState())
+    assert not np.allclose(whole["lm"]["w"], g["lm"]["w"])  # the control: one global norm shrinks lm too
+
+
+class _TwoParts(nnx.Module):
+    def __init__(self):
+        self.lm = nnx.Linear(2, 2, rngs=nnx.Rngs(0))
+        self.ocr = nnx.Linear(2, 2, rngs=nnx.Rngs(1))
+
+
+def test_trainer_clip_group_keeps_one_part_from_shrinking_the_other(tmp_path):
+    """sft's dual branch passes clip_group (OCR params vs the LM): huge OCR gradients must leave the
+    LM's step as it is."""
+    cfg = TrainConfig(learning_rate=1.0, warmup_ratio=0.0, optimizer="sgd", grad_clip=1.0, num_steps=10,
+                      batch_size=1, progress=False, async_checkpointing=False)
+    group = lambda path: "ocr" if "ocr" in path else "lm"  # noqa: E731  (what latent_common passes)
+    steps = {}
+    for name, cg in (("grouped", group), ("global", None)):
+        tr = Trainer(_TwoParts(), lambda m, b, r: (0.0, 1.0, {}), cfg, tmp_path / name, clip_group=cg)
+        grads = jax.tree_util.tree_map_with_path(
+            lambda p, x: jnp.full_like(x, 100.0 if "ocr" in str(p) else 0.01), tr.params)
+        upd, _ = tr.tx.update(grads, tr.opt_state, tr.params)
+        steps[name] = upd
+    lm_kernel = lambda u: np.asarray(u["lm"]["kernel"][...])  # noqa: E731
+    np.testing.assert_allclose(lm_kernel(steps["grouped"]), -0.01, rtol=1e-6)  # sgd at lr 1: -grad, unclipped
+    assert np.all(np.abs(lm_kernel(steps["global"])) < 1e-4)  # one global norm: the OCR part shrank it
+    ocr = jax.tree.leaves(steps["grouped"]["ocr"])
+    assert float(np.sqrt(sum(np.sum(np.square(x)) for x in ocr))) == pytest.approx(1.0, rel=1e-5)

@@ -152,8 +152,10 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     trainable = filter_for_stage(stage, model.latent_cfg)
     if branch is not None:
         model, loss, trainable = branch.wrap(model, trainable, mesh, cfg.mesh.rules)
+    # The OCR branch has its own gradient-norm budget: its gradients must not scale down the LM's steps.
+    clip_group = (lambda path: "ocr" if "ocr" in path else "lm") if branch is not None else None
     trainer = Trainer(model, loss, tcfg, common.stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules,
-                      trainable=trainable, name=stage)
+                      trainable=trainable, name=stage, clip_group=clip_group)
     result = trainer.fit(iter(data), num_steps)
     if not result.preempted:
         if branch is not None:

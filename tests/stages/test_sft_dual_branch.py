@@ -21,7 +21,7 @@ from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
 from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, build_codebook_model, encode_target
-from dlr_jax.models.dual_branch import OCRBranch
+from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
 from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import codebook, common, export, latent_common, sft
@@ -289,3 +289,35 @@ def test_a_fresh_run_without_the_branch_moves_the_old_decoder_away(setup, traine
     assert not sft.decoder_dir(wd).exists()
     assert len(list((wd / "sft").glob("decoder.stale-*"))) == 1  # moved, not deleted
     assert not isinstance(export.load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_branch_clips_the_ocr_gradients_apart_from_the_lm(setup, trained, monkeypatch, tmp_path):
+    """The trainer gets a clip_group that puts exactly the OCR branch's params (OCR_PARAMS) in their own
+    gradient-norm group, so the decoder's gradients cannot shrink the LM's steps."""
+    cfg, w, *_ = setup
+    seen = {}
+
+    from dlr_jax import trainer as trainer_mod
+    from dlr_jax.trainer import _key_name
+
+    class Recording(trainer_mod.Trainer):
+        def __init__(self, model, loss, tcfg, workdir, **kw):
+            seen["model"], seen["trainable"], seen["clip_group"] = model, kw["trainable"], kw["clip_group"]
+            raise _Stop
+
+    monkeypatch.setattr(trainer_mod, "Trainer", Recording)  # latent_common imports it when it runs
+    wd = tmp_path / "w"
+    shutil.copytree(w, wd)
+    with pytest.raises(_Stop):
+        sft.run(cfg, wd)
+    group = seen["clip_group"]
+    params = nnx.state(seen["model"], seen["trainable"])
+    paths = lambda tree: [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]  # noqa: E731
+    ocr = {jax.tree_util.keystr(p) for p in paths(nnx.state(seen["model"], OCR_PARAMS))}
+    labels = {jax.tree_util.keystr(p): group(tuple(_key_name(k) for k in p)) for p in paths(params)}
+    assert ocr and {k for k, g in labels.items() if g == "ocr"} == ocr
+    assert any(g == "lm" for g in labels.values())
