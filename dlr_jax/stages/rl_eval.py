@@ -12,7 +12,9 @@ adds `eval/reward`, `eval/accuracy` and `eval/reward/<component>` rows to `rl/me
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,9 +31,6 @@ ScoreFn = Callable[[list[list[int]], list[Any], int], tuple[np.ndarray, dict[str
 def reward_curve(metrics_path: Any) -> list[tuple[int, float, float]]:
     """[(RL step, eval/reward, eval/accuracy)] from a run's rl/metrics.jsonl (empty without eval rows).
     A resumed run may repeat a step; the last row of each step wins."""
-    import json
-    from pathlib import Path
-
     curve: dict[int, tuple[float, float]] = {}
     p = Path(metrics_path)
     for line in (p.read_text().splitlines() if p.is_file() else []):
