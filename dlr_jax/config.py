@@ -330,6 +330,10 @@ class CodebookConfig:
     # lines, so a decoder with no text inputs can find character j in the image; whole GSM8K CoTs wrap
     # over 6-9 lines and a from-scratch encoder did not start reading them (BENCHMARKS.md)
     warmup_piece_chars: int = 0
+    # continuous warm-up steps on whole CoTs after the `warmup_steps` (pieces or not): what the decoder learnt
+    # on pieces covers the first lines of a canvas only; the reading of whole CoTs must be learnt before the
+    # features are quantized, because 512 codes cannot pass on reading that is not there yet (BENCHMARKS.md)
+    warmup_whole_steps: int = 0
     kmeans_init_batches: int = 16  # batches of encoder features for the k-means warm start; 0 = random
     kmeans_iters: int = 10
     dead_code_every: int = 0  # refresh unused codes every this many steps (0 = never)

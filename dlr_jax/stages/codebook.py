@@ -8,7 +8,9 @@ Order of work (each part resumes):
      so a from-scratch encoder + decoder learn to read before anything is quantized
      (<workdir>/codebook/warmup/); `warmup_char_dropout` = 1 hides all teacher-forced input
      characters there, so only reading the image lowers the loss; `warmup_piece_chars` > 0 trains
-     it on short pieces of the CoTs (a length curriculum) instead of whole ones;
+     it on short pieces of the CoTs (a length curriculum) instead of whole ones, and
+     `warmup_whole_steps` more continuous steps on whole CoTs follow (<workdir>/codebook/warmup_whole/),
+     so the decoder learns to find every line of a full canvas before the features are quantized;
   2. k-means warm start of the codebook on encoder features of `kmeans_init_batches` rendered
      batches (skipped when resuming the main phase);
   3. the main phase: alpha decays 1 -> 0 linearly over `alpha_steps` steps (-1 = one epoch, the
@@ -356,12 +358,21 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                                            num_workers=cfg.data.num_workers))
 
     model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
-    if cb.warmup_steps > 0:
-        wcfg = dataclasses.replace(cb.train, num_steps=cb.warmup_steps)
-        wdrop = cb.char_dropout if cb.warmup_char_dropout is None else cb.warmup_char_dropout
-        warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop), wcfg, out / "warmup",
+    wdrop = cb.char_dropout if cb.warmup_char_dropout is None else cb.warmup_char_dropout
+
+    def warm_up(model: CodebookModel, steps: int, sub: str, stream) -> nnx.Module | dict[str, Any]:
+        """`steps` continuous-branch steps in <out>/<sub> (resumable); the model, or the preemption record."""
+        warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop),
+                       dataclasses.replace(cb.train, num_steps=steps), out / sub,
                        trainable=nnx.All(nnx.Param, nnx.Not(nnx.PathContains("vq"))), mesh=mesh,
-                       rules=cfg.mesh.rules, name="codebook-warmup")
+                       rules=cfg.mesh.rules, name=f"codebook-{sub.replace('_', '-')}")
+        warmed = warm.fit(stream, steps)
+        if warmed.preempted:  # SIGTERM in a warm-up: stop here, the next run resumes it
+            return {"preempted": True, "phase": sub, "step": warmed.step}
+        return warmed.model
+
+    model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
+    if cb.warmup_steps > 0:
         warm_plan = plan
         if cb.warmup_piece_chars > 0:
             pieces = [p for t in texts for p in rp.cot_pieces(t, cb.warmup_piece_chars)]
@@ -369,10 +380,13 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                                      config=rp.render_config(cb), max_text_len=cb.max_text_len)
             print(f"[codebook] warm-up on {len(pieces)} pieces of <= {cb.warmup_piece_chars} chars; plan "
                   f"{warm_plan.stats.as_dict()}", flush=True)
-        warmed = warm.fit(data(1, warm_plan), cb.warmup_steps)
-        if warmed.preempted:  # SIGTERM in the warm-up: stop here, the next run resumes it
-            return {"preempted": True, "phase": "warmup", "step": warmed.step}
-        model = warmed.model
+        model = warm_up(model, cb.warmup_steps, "warmup", data(1, warm_plan))
+        if isinstance(model, dict):
+            return model
+    if cb.warmup_whole_steps > 0:  # the curriculum's second half: whole CoTs, still continuous
+        model = warm_up(model, cb.warmup_whole_steps, "warmup_whole", data(2))
+        if isinstance(model, dict):
+            return model
     loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
     trainer = Trainer(model, loss, cb.train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
     init_info: dict[str, Any] = {}
@@ -403,7 +417,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     np.save(out / "codebook.npy", codebook)
     report: dict[str, Any] = {
         "K": mcfg.num_codes, "d_c": mcfg.code_dim, "steps": result.step, "alpha_steps": alpha_steps,
-        "warmup_steps": cb.warmup_steps, "char_dropout": cb.char_dropout, "sigma": cb.sigma,
+        "warmup_steps": cb.warmup_steps, "warmup_whole_steps": cb.warmup_whole_steps,
+        "char_dropout": cb.char_dropout, "sigma": cb.sigma,
         "train_images_per_s": feed.images_per_s(), "render_images_per_s_one_thread": _render_rate(plan),
         "plan": plan.stats.as_dict(), "init": init_info, "dead_code_refreshes": refreshed,
         "last_metrics": result.history[-1] if result.history else {},

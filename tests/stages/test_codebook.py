@@ -220,3 +220,30 @@ def test_warmup_piece_chars(tmp_path, monkeypatch, piece_chars):
         assert warm_texts == [p for t in cots for p in rp.cot_pieces(t, piece_chars)]
         assert len(warm_texts) > len(cots)
         assert all(len(p) <= piece_chars or " " not in p for p in warm_texts)
+
+
+def test_warmup_whole_steps_follow_the_pieces(tmp_path, monkeypatch):
+    """codebook.warmup_whole_steps: a second continuous warm-up, on whole CoTs, after the piece warm-up,
+    in its own resumable directory; SIGTERM there stops the stage with phase "warmup_whole"."""
+    from dlr_jax.trainer import Trainer, TrainResult
+
+    plans, fits = [], []
+    real = rp.make_render_dataset
+
+    def record(plan, **kw):
+        plans.append(list(plan.texts))
+        return real(plan, **kw)
+
+    def fit(self, data, num_steps=None, resume=True):
+        fits.append((self.name, num_steps, len(plans), self.dir.name))
+        return TrainResult(self.model, num_steps, self.name == "codebook-warmup-whole", [])
+
+    monkeypatch.setattr(rp, "make_render_dataset", record)
+    monkeypatch.setattr(Trainer, "fit", fit)
+    cfg = _cfg("codebook.warmup_steps=2", "codebook.warmup_piece_chars=12", "codebook.warmup_whole_steps=3")
+    out = codebook.run(cfg, tmp_path)
+    assert out == {"preempted": True, "phase": "warmup_whole", "step": 3}
+    assert fits == [("codebook-warmup", 2, 1, "warmup"), ("codebook-warmup-whole", 3, 2, "warmup_whole")]
+    cots = codebook.corpus_texts(cfg)
+    assert plans[0] == [p for t in cots for p in rp.cot_pieces(t, 12)]
+    assert plans[1] == cots
