@@ -357,7 +357,6 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                                            shard_index=jax.process_index(), shard_count=jax.process_count(),
                                            num_workers=cfg.data.num_workers))
 
-    model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
     wdrop = cb.char_dropout if cb.warmup_char_dropout is None else cb.warmup_char_dropout
 
     def warm_up(model: CodebookModel, steps: int, sub: str, stream) -> nnx.Module | dict[str, Any]:
