@@ -326,7 +326,10 @@ class Trainer:
         num_steps: int | None = None,
         *,
         resume: bool = True,
+        bar_total: int | None = None,
     ) -> TrainResult:
+        """Train until step `num_steps` (default cfg.num_steps). `bar_total`: the step the progress bar
+        counts to, for callers that fit a run in chunks (default: `num_steps`)."""
         cfg = self.cfg
         total = num_steps or cfg.num_steps
         if resume and self.restore(data_iter):
@@ -335,7 +338,7 @@ class Trainer:
         writer = _Writers(self.dir, enabled=jax.process_index() == 0)
         prof = _parse_profile(cfg.profile_steps)
         handler = self._install_sigterm()
-        bar = _progress(total, self.step, cfg.progress, self.name)
+        bar = _progress(bar_total or total, self.step, cfg.progress, self.name)
         t_last, w_last = time.perf_counter(), 0.0
         preempted = False
         pending: list[tuple[int, dict[str, jax.Array]]] = []

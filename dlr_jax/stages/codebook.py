@@ -406,7 +406,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
             if trainer.step and trainer.step % cb.dead_code_every == 0:
                 refreshed.append((trainer.step, refresh_codes(trainer, plan, cb.dead_code_batches, seed)))
             result = trainer.fit(feed, min(total, (trainer.step // cb.dead_code_every + 1) * cb.dead_code_every),
-                                 resume=False)
+                                 resume=False, bar_total=total)
         result = result or trainer.fit(feed, total, resume=False)
     if result.preempted:
         return {"preempted": True, "phase": "main", "step": result.step}

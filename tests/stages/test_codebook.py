@@ -184,7 +184,8 @@ def test_warmup_char_dropout(tmp_path, monkeypatch, warm_drop, expect):
         return TrainResult(None, 0, True, [])  # stop after the warm-up
 
     monkeypatch.setattr(Trainer, "fit", fit)
-    extra = [] if warm_drop is None else [f"codebook.warmup_char_dropout={warm_drop}"]
+    # null: unset, whatever configs/tiny.yaml says
+    extra = ["codebook.warmup_char_dropout=" + ("null" if warm_drop is None else str(warm_drop))]
     codebook.run(_cfg("codebook.warmup_steps=2", *extra), tmp_path)
     assert seen == {"codebook-warmup": expect}
 
