@@ -30,3 +30,14 @@ def compile_cache(tmp_path_factory):
     yield
     jax.config.update("jax_compilation_cache_dir", old)
     cc.reset_cache()
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    """The public benchmark files (shared/data or $DLR_DATA_DIR); skips, saying why, when absent."""
+    from dlr_jax.data.paths import shared_data_dir
+
+    try:
+        return shared_data_dir()
+    except FileNotFoundError as e:
+        pytest.skip(f"benchmark data not available: {e}")

@@ -3,18 +3,12 @@ MATH, and R_ans; and that dlr_jax.rewards re-exports them."""
 
 import json
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dlr_jax import answers, rewards
 from dlr_jax.answers import KNOWN_BENCHMARKS, answer_reward, extract_answer, is_correct
-from dlr_jax.data.paths import shared_data_dir
-
-
-def _data_dir() -> Path:
-    return shared_data_dir()  # honours $DLR_DATA_DIR, else ../shared/data
 
 
 def test_rewards_reexports_the_answer_functions():
@@ -126,9 +120,9 @@ def test_none_prediction_unknown_benchmark_and_bad_gold():
     assert set(KNOWN_BENCHMARKS) >= {"gsm8k", "gsm8k_aug", "gsm_hard", "svamp", "multiarith", "math500"}
 
 
-def test_real_numeric_golds_score_themselves():
+def test_real_numeric_golds_score_themselves(data_dir):
     """Every gold of the shipped numeric benchmarks parses, matches itself, and rejects gold + 1."""
-    d = _data_dir()
+    d = data_dir
     cases = []
     for line in (d / "gsm8k" / "test.jsonl").read_text().splitlines():
         ans = json.loads(line)["answer"]
@@ -190,9 +184,9 @@ def test_math_works_off_the_main_thread():
     assert results == {"half": True, "interval": True, "wrong": False}
 
 
-def test_math500_solutions_score_their_answers():
+def test_math500_solutions_score_their_answers(data_dir):
     """extract_answer on the reference solutions (\\boxed{...}) matches the gold answer (first 60)."""
-    lines = (_data_dir() / "math500" / "test.jsonl").read_text().splitlines()[:60]
+    lines = (data_dir / "math500" / "test.jsonl").read_text().splitlines()[:60]
     for line in lines:
         rec = json.loads(line)
         assert is_correct(extract_answer(rec["solution"]), rec["answer"], "math500"), rec["unique_id"]

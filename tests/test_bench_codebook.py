@@ -23,7 +23,7 @@ def _numbers(cell: str) -> list[float]:
     return [float(x.replace(",", "")) for x in re.findall(r"-?[\d,]*\.?\d+(?:e[-+]?\d+)?", cell)]
 
 
-def test_cli_writes_the_section_with_sane_numbers(tmp_path):
+def test_cli_writes_the_section_with_sane_numbers(tmp_path, data_dir):  # reads gsm8k_aug:valid
     out = tmp_path / "B.md"
     out.write_text("# Benchmarks\n\nhand-written notes\n\n<!-- bench:train -->\nold train\n<!-- /bench:train -->\n")
     # train_alpha left out: each step variant is one more XLA compile of ~15 s on this CPU.

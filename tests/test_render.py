@@ -9,7 +9,6 @@ import pytest
 from PIL import ImageOps
 
 from dlr_jax import render
-from dlr_jax.data.paths import dataset_dir
 from dlr_jax.render import (
     RENDER_STATS,
     RenderConfig,
@@ -187,8 +186,8 @@ def test_read_cots_names_file_and_line(tmp_path):
         read_cots(str(p))
 
 
-def test_gsm8k_aug_valid_cots_give_4_to_16_tokens():
-    path = dataset_dir("gsm8k_aug") / "valid.txt"
+def test_gsm8k_aug_valid_cots_give_4_to_16_tokens(data_dir):
+    path = data_dir / "gsm8k_aug" / "valid.txt"
     if not path.is_file():
         pytest.skip(f"GSM8K-Aug valid split not found at {path} (set DLR_DATA_DIR)")
     cots = read_cots(str(path))
