@@ -122,23 +122,22 @@ def test_none_prediction_unknown_benchmark_and_bad_gold():
 
 def test_real_numeric_golds_score_themselves(data_dir):
     """Every gold of the shipped numeric benchmarks parses, matches itself, and rejects gold + 1."""
-    d = data_dir
     cases = []
-    for line in (d / "gsm8k" / "test.jsonl").read_text().splitlines():
+    for line in (data_dir / "gsm8k" / "test.jsonl").read_text().splitlines():
         ans = json.loads(line)["answer"]
         cases.append(("gsm8k", ans, ans.split("####")[-1].strip()))
-    for line in (d / "gsm8k_aug" / "test.txt").read_text().splitlines():
+    for line in (data_dir / "gsm8k_aug" / "test.txt").read_text().splitlines():
         rest = line.split("||", 1)[1]
         cases.append(("gsm8k_aug", rest, rest.split("####")[-1].strip()))
     assert len(cases) == 2 * 1319
     for bench, solution, gold in cases:
         assert is_correct(extract_answer(solution), gold, bench), (bench, solution[-60:], gold)
-    for line in (d / "gsm_hard" / "gsmhardv2.jsonl").read_text().splitlines():
+    for line in (data_dir / "gsm_hard" / "gsmhardv2.jsonl").read_text().splitlines():
         gold = repr(json.loads(line)["target"])
         assert is_correct(gold, gold, "gsm_hard") and not is_correct(repr(float(gold) + 1), gold, "gsm_hard")
-    for rec in json.loads((d / "svamp" / "SVAMP.json").read_text()):
+    for rec in json.loads((data_dir / "svamp" / "SVAMP.json").read_text()):
         assert is_correct(str(rec["Answer"]), str(rec["Answer"]), "svamp")
-    for rec in json.loads((d / "multiarith" / "MultiArith.json").read_text()):
+    for rec in json.loads((data_dir / "multiarith" / "MultiArith.json").read_text()):
         assert is_correct(str(rec["lSolutions"][0]), str(rec["lSolutions"][0]), "multiarith")
 
 
