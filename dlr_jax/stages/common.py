@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from dlr_jax.checkpoint import read_meta, restore_params, save_params
 from dlr_jax.config import Config, ModelConfig, from_dict, load_config, save_config, to_dict
 from dlr_jax.data.records import Example
+from dlr_jax.hf_config import model_config_from_hf
 from dlr_jax.sharding import create_sharded, mesh_from_config
 from dlr_jax.tokens import Tokenizer, train_bpe
 
@@ -90,7 +91,7 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
     K, mult = cfg.latent.num_latents, cfg.tokenizer.pad_multiple
     tok_path = cfg.tokenizer.path or cfg.init_from
     if tok_path:
-        rows = ModelConfig.from_hf(cfg.init_from).vocab_size if cfg.init_from else cfg.model.vocab_size
+        rows = model_config_from_hf(cfg.init_from).vocab_size if cfg.init_from else cfg.model.vocab_size
         tok = Tokenizer.from_pretrained_dir(tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=rows)
     else:
         if train_examples is None:
@@ -113,7 +114,7 @@ def backbone_config(cfg: Config, tok: Tokenizer) -> ModelConfig:
     """The text backbone's config: from the HF checkpoint when starting from one, else the YAML
     model section with the vocabulary sized to the tokenizer's text rows."""
     if cfg.init_from:
-        return ModelConfig.from_hf(cfg.init_from)
+        return model_config_from_hf(cfg.init_from)
     return dataclasses.replace(
         cfg.model, vocab_size=tok.text_vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id
     )

@@ -1,0 +1,70 @@
+"""What is built: the backbone, the device mesh, the sampler defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from dlr_jax.config.base import ConfigError, FrozenMapping, _freeze
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer (Llama-3 / Qwen2 / Qwen3 / Qwen3-VL text tower)."""
+
+    model_type: str = "llama"
+    vocab_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    #  "original_max_position_embeddings"} or None for plain RoPE.
+    rope_scaling: Mapping[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projection biases (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    dtype: str = "float32"  # activation / compute dtype
+    param_dtype: str = "float32"
+    remat: str = "none"  # none | full | dots (save matmul outputs)
+    attention: str = "einsum"  # einsum | cudnn (jax.nn.dot_product_attention)
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, FrozenMapping):
+            object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.remat not in ("none", "full", "dots"):
+            raise ConfigError(f"model.remat must be none|full|dots, got {self.remat!r}")
+        if self.attention not in ("einsum", "cudnn"):
+            raise ConfigError(f"model.attention must be einsum|cudnn, got {self.attention!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Device mesh shape. -1 on one axis takes the remaining devices."""
+
+    data: int = 1
+    fsdp: int = -1
+    tensor: int = 1
+    rules: str = "fsdp"  # fsdp | tp | tpu — the logical-axis rules profile
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    prompt_bucket: int = 64  # prompt lengths are padded up to a multiple of this

@@ -1,0 +1,51 @@
+"""The run-level sections (run, data, tokenizer) and the `Config` tree that holds every section."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlr_jax.config.model import MeshConfig, ModelConfig, SamplingConfig
+from dlr_jax.config.stages import CodebookConfig, EvalConfig, LatentConfig, RLConfig, StagesConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    workdir: str = "runs/tiny"
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "synthetic"  # any dlr_jax.data.readers.load_benchmark name
+    path: str | None = None  # a user copy of the dataset (file or folder); None = shared data
+    train_split: str = "train"
+    eval_split: str = "test"
+    max_len: int = 256  # tokens per training row; longer examples are dropped and counted
+    synthetic_train: int = 20000
+    synthetic_eval: int = 500
+    synthetic_max_steps: int = 4
+    num_workers: int = 0  # grain worker processes (0 = in-process)
+    pack: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    path: str | None = None  # a HF tokenizer dir; None = train a BPE on the training corpus
+    vocab_size: int = 512  # BPE size when training one
+    pad_multiple: int = 128  # total vocab padded to a multiple of this (must divide by tensor axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    sampling: SamplingConfig = dataclasses.field(default_factory=SamplingConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    latent: LatentConfig = dataclasses.field(default_factory=LatentConfig)
+    train: StagesConfig = dataclasses.field(default_factory=StagesConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    rl: RLConfig = dataclasses.field(default_factory=RLConfig)
+    codebook: CodebookConfig = dataclasses.field(default_factory=CodebookConfig)
+    init_from: str | None = None  # HF checkpoint dir of the backbone; None = from scratch

@@ -1,0 +1,226 @@
+"""Per-stage sections: optimiser and loop of each stage, the latent vocabulary, GRPO, the codebook
+stage, evaluation. Paper values live in configs/paper/*.yaml; the defaults here are CPU-sized
+unless a comment says otherwise."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlr_jax.config.base import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Optimiser and loop settings of one stage (dlr_jax/trainer.py)."""
+
+    learning_rate: float = 1e-4
+    warmup_ratio: float = 0.03
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    optimizer: str = "adamw"  # adamw | sgd (sgd: linear in the gradient; useful for checks)
+    batch_size: int = 32  # sequences per optimizer step, global
+    grad_accum: int = 1  # micro-batches per step (batch_size must divide)
+    num_steps: int = 100
+    log_every: int = 10
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    async_checkpointing: bool = True
+    profile_steps: str = ""  # "a:b" -> jax.profiler trace of steps [a, b)
+    progress: bool = True
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LatentConfig:
+    num_latents: int = 512  # K, codebook size
+    latent_dim: int = 64  # d_c
+    tie_projectors: bool = False
+    train_codebook_in_sft: bool = True
+    # codebook: ids from latents/<split>.jsonl written by the export stage;
+    # random: fixed pseudo-random ids per example (pipeline checks before a codebook exists).
+    source: str = "codebook"
+    # Stage sft's dual branch (DESIGN §3, dlr_jax/stages/sft.py): the codebook stage's OCR decoder keeps
+    # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process
+    # reward then decodes with it). auto: on iff <workdir>/codebook/final exists and source=codebook;
+    # on: required (an error names what is missing); off. Needs data.pack=false. YAML's bare on/off
+    # (booleans) are accepted. Loss: LM token-mean CE + dual_branch_weight * OCR char-mean CE.
+    dual_branch: str | bool = "auto"
+    dual_branch_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        mode = self.dual_branch
+        if isinstance(mode, bool):
+            object.__setattr__(self, "dual_branch", "on" if mode else "off")
+        elif mode not in ("auto", "on", "off"):
+            raise ConfigError(f"latent.dual_branch must be auto|on|off, got {mode!r}")
+        if self.dual_branch_weight < 0:
+            raise ConfigError(f"latent.dual_branch_weight must be >= 0, got {self.dual_branch_weight}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLTrainConfig(TrainConfig):
+    """Optimiser of stage rl. `batch_size` = rollouts per optimizer update (P*G must divide by it);
+    `num_steps`, `log_every`, `checkpoint_every` count RL steps (one rollout batch each, i.e.
+    rl.inner_epochs * P*G / batch_size optimizer updates)."""
+
+    learning_rate: float = 1e-6
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 64
+    num_steps: int = 200
+    log_every: int = 1
+    checkpoint_every: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class StagesConfig:
+    textsft: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # CoT-SFT
+    textsft_direct: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # Direct-SFT
+    align: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    sft: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    rl: RLTrainConfig = dataclasses.field(default_factory=RLTrainConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Latent GRPO (stage rl, dlr_jax/stages/rl.py). Defaults are the paper's settings: G = 32 rollouts
+    per prompt at T = 1.0, reward R_ans + 0.25 r_proc + 0.1 R_fmt, group-normalised advantages,
+    token-level clipped ratio (eps = 0.2), k3 KL to the SFT model (beta = 1e-3), mu = 4 inner epochs.
+    `--set rl.process_weight=0` is the process-reward ablation."""
+
+    num_prompts: int = 16  # P prompts per RL step (P * G rollouts)
+    # > 0: RL draws its prompts from the first prompt_pool training problems only (epochs over a fixed
+    # pool, as RL on a benchmark's train set does); 0 = the whole data.train_split
+    prompt_pool: int = 0
+    group_size: int = 32  # G
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    max_latents: int = 32  # `</latent>` forced after this many latents (0 = no cap)
+    constrain_format: bool = False  # constrained decoding (makes R_fmt ~ 1 by construction)
+    answer_weight: float = 1.0
+    process_weight: float = 0.25
+    format_weight: float = 0.1
+    scale_rewards: str = "group"  # group | batch | none (dlr_jax.grpo.group_advantages)
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # None = epsilon (DAPO clip-higher: e.g. 0.28)
+    beta: float = 1e-3  # k3 KL to the reference (SFT) policy; 0 skips the reference model
+    inner_epochs: int = 4  # mu
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | dr_grpo
+    sample_mesh: str = ""  # "data=8,fsdp=1,tensor=1": rollout sharding; "" = the training mesh
+    # process-reward evaluator LM: "backbone" = the model before alignment (init_from, else textsft_cot),
+    # or a workdir stage name / final dir holding a text backbone
+    evaluator: str = "backbone"
+    process_max_new_tokens: int = 16  # evaluator answer budget after `<answer>`
+    process_max_cot_tokens: int = 256  # decoded CoT y_hat is cut to this many tokens
+    process_batch_size: int = 64
+    # Your own rewards on top of the three above: "name=weight" entries of the reward registry
+    # (dlr_jax.rewards.register_reward), e.g. ["brevity=0.5"]; reward_modules are imported first so
+    # their @register_reward decorators run (e.g. ["my_project.rewards"]).
+    extra_rewards: tuple[str, ...] = ()
+    reward_modules: tuple[str, ...] = ()
+    # Held-out reward curve (dlr_jax/stages/rl_eval.py): the first eval_prompts prompts of data.eval_split,
+    # eval_samples rollouts each at rl.temperature with fixed random numbers, scored with the training
+    # reward before step 1, every eval_every RL steps and at the end. 0 = off.
+    eval_prompts: int = 0
+    eval_samples: int = 4
+    eval_split: str = ""  # "" = data.eval_split; "pool" = the RL training prompts (rl.prompt_pool); a split
+    eval_every: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class CodebookConfig:
+    """Stage codebook (dlr_jax/stages/codebook.py, DESIGN §1): CoT image -> SAM ViT + compressor + causal
+    flow -> stochastic VQ -> OCR decoder, then stage export writes every example's latent ids.
+    K = latent.num_latents and d_c = latent.latent_dim (the flow width). Defaults are the paper's
+    (DeepEncoder V2 sizes, lambda_vq = 0.25, beta = 0.1, alpha over one epoch); configs/tiny.yaml
+    shrinks the networks for a CPU."""
+
+    # Training CoTs as "name:split" load_benchmark entries (e.g. "gsm8k_aug:train_subset_3000",
+    # "gsm8k:train"); () = data.dataset's train split. eval_corpus: held-out CoTs for the CER check;
+    # () = data.dataset's eval split. eval_examples caps it (0 = all).
+    corpus: tuple[str, ...] = ()
+    eval_corpus: tuple[str, ...] = ()
+    eval_examples: int = 256
+    export_splits: tuple[str, ...] = ()  # besides data.train_split / data.eval_split
+    # rendering (dlr_jax.render.RenderConfig); training draws one font size per example
+    font_mean: float = 17.5
+    font_std: float = 1.5
+    font_min: int = 15
+    font_max: int = 20
+    min_side: int = 64
+    max_side: int = 1024
+    overflow: str = "shrink"  # shrink | truncate (beyond max_side)
+    max_text_len: int = 512  # decoder targets in characters incl. EOS; longer CoTs are cut (counted)
+    # vision encoder (dlr_jax.models.vision.VisionConfig)
+    image_size: int = 1024  # reference side of the position tables
+    vit_hidden: int = 768
+    vit_layers: int = 12
+    vit_heads: int = 12
+    vit_mlp: int = 3072
+    vit_global_every: int = 3  # every 3rd block is global: (2, 5, 8, 11) for 12 layers
+    vit_window: int = 14
+    neck_channels: int = 256
+    compressor_mid: int = 512  # compressor channels: neck -> compressor_mid -> latent.latent_dim
+    # causal flow (Qwen2-style, width latent.latent_dim)
+    flow_layers: int = 24
+    flow_heads: int = 14
+    flow_kv_heads: int = 2
+    flow_head_dim: int = 64
+    flow_mlp: int = 4864
+    num_queries: int = 256  # query pool; N = (side / 64)^2 must not exceed it
+    flow_visual_skip: bool = False  # add visual token i to query i's output (from-scratch tiny encoders)
+    # OCR decoder: a dense Llama-style LM over characters, input [P(h_st) ; text]
+    dec_hidden: int = 1280
+    dec_layers: int = 12
+    dec_heads: int = 10
+    dec_kv_heads: int = 10
+    dec_head_dim: int = 128
+    dec_mlp: int = 3584
+    dtype: str = "float32"  # activations of all three networks
+    param_dtype: str = "float32"
+    remat: str = "none"  # none | full | dots
+    # VQ and loss: CE(H_st) + alpha * CE(H) + lambda_vq * (vq + beta * commit)
+    sigma: float = 0.1  # std of the Gaussian noise added to h before the nearest-code search (training)
+    lambda_vq: float = 0.25
+    beta: float = 0.1
+    alpha_steps: int = -1  # alpha: 1 -> 0 linearly over this many steps, then CE(H) is not computed;
+    #                        -1 = one epoch of the corpus (the paper), 0 = never
+    warmup_steps: int = 0  # continuous-only (CE(H)) steps before the k-means init; 0 = none
+    char_dropout: float = 0.0  # teacher-forced decoder input chars replaced by <drop> with this prob
+    # char_dropout of the continuous warm-up (None = char_dropout). 1.0 drops every teacher-forced input
+    # char, so the loss only falls if the decoder reads the image: what gets a from-scratch encoder reading
+    warmup_char_dropout: float | None = None
+    # > 0: the warm-up trains on pieces of each CoT (consecutive whole words, at most this many chars;
+    # `render_pipeline.cot_pieces`) instead of whole CoTs: a length curriculum. Short texts sit in a few
+    # lines, so a decoder with no text inputs can find character j in the image; whole GSM8K CoTs wrap
+    # over 6-9 lines and a from-scratch encoder did not start reading them (BENCHMARKS.md)
+    warmup_piece_chars: int = 0
+    # continuous warm-up steps on whole CoTs after the `warmup_steps` (pieces or not): what the decoder learnt
+    # on pieces covers the first lines of a canvas only; the reading of whole CoTs must be learnt before the
+    # features are quantized, because 512 codes cannot pass on reading that is not there yet (BENCHMARKS.md)
+    warmup_whole_steps: int = 0
+    kmeans_init_batches: int = 16  # batches of encoder features for the k-means warm start; 0 = random
+    kmeans_iters: int = 10
+    dead_code_every: int = 0  # refresh unused codes every this many steps (0 = never)
+    dead_code_batches: int = 4  # batches whose features decide which codes are dead and replace them
+    eval_batch_size: int = 64  # greedy CER decoding and export
+    train: TrainConfig = dataclasses.field(
+        default_factory=lambda: TrainConfig(learning_rate=1e-4, batch_size=32, num_steps=2000)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    benchmarks: tuple[str, ...] = ("synthetic",)
+    seeds: int = 1
+    batch_size: int = 64
+    max_new_tokens: int = 64
+    max_latents: int = 32  # cap for dynamic latent decoding
+    limit: int = 0  # evaluate only the first N examples of each benchmark (0 = all)
+    temperature: float = 0.0
