@@ -10,6 +10,9 @@ Stages (DESIGN.md §1–3), each reading the previous stage's final checkpoint f
   all       every available stage in order
 
 Runs resume: rerunning the same command continues from the last checkpoint of the stage.
+
+`python -m dlr_jax.train --print-config --config C [--set k=v ...]` prints the fully resolved config
+(`base:` includes and overrides applied) as YAML and exits: what a run with those arguments would use.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dlr_jax.config import Config, ConfigError, load_config
+from dlr_jax.config import Config, ConfigError, dump_config, load_config
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
@@ -87,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--stage", required=True, choices=STAGES)
+    ap.add_argument("--stage", choices=STAGES, help="the stage to run (required unless --print-config)")
     ap.add_argument(
         "--config", help="YAML config (configs/tiny.yaml, ...); default: the workdir's config.yaml"
     )
-    ap.add_argument("--workdir", required=True, help="run directory shared by all stages")
+    ap.add_argument("--workdir", help="run directory shared by all stages (required unless --print-config)")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the fully resolved config as YAML and exit (needs no --stage/--workdir)")
     ap.add_argument(
         "--set",
         dest="overrides",
@@ -103,11 +108,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="both", choices=("cot", "direct", "both"), help="textsft variant(s)")
     ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: config)")
     args = ap.parse_args(argv)
+    if not args.print_config and (args.stage is None or args.workdir is None):
+        ap.error("--stage and --workdir are required (unless --print-config)")
     try:
-        cfg = resolve_config(args.config, args.workdir, args.overrides)
+        if args.print_config and args.workdir is None:
+            cfg = load_config(args.config, args.overrides)
+        else:
+            cfg = resolve_config(args.config, args.workdir, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.print_config:
+        sys.stdout.write(dump_config(cfg))
+        return 0
     maybe_initialize_distributed()
     run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
     return 0

@@ -25,6 +25,10 @@ class TrainConfig:
     batch_size: int = 32  # sequences per optimizer step, global
     grad_accum: int = 1  # micro-batches per step (batch_size must divide)
     num_steps: int = 100
+    # > 0: train this many passes over the stage's examples instead: num_steps becomes
+    # ceil(num_epochs * examples / batch_size) (rl: prompts / rl.num_prompts), resolved when the stage
+    # starts and recorded in <workdir>/<stage>/schedule.json. The paper trains every stage in epochs.
+    num_epochs: float = 0.0
     log_every: int = 10
     checkpoint_every: int = 200
     keep_checkpoints: int = 2

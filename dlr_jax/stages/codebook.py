@@ -349,7 +349,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                         max_text_len=cb.max_text_len)
     print(f"[codebook] {len(texts)} training CoTs, {len(held_out)} held out; plan {plan.stats.as_dict()}",
           flush=True)
-    total = num_steps or cb.train.num_steps
+    main_train = common.resolve_schedule(cb.train, len(texts), workdir, STAGE)  # num_epochs -> steps
+    total = num_steps or main_train.num_steps
     alpha_steps = len(plan) if cb.alpha_steps < 0 else cb.alpha_steps
 
     def data(offset: int, use: rp.BatchPlan = plan):
@@ -387,7 +388,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         if isinstance(model, dict):
             return model
     loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
-    trainer = Trainer(model, loss, cb.train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
+    trainer = Trainer(model, loss, main_train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
     init_info: dict[str, Any] = {}
     if trainer.ckpt.latest_step() is None and cb.kmeans_init_batches > 0:
         t0 = time.perf_counter()

@@ -262,12 +262,14 @@ def run(
 
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
-    total = num_steps or tcfg.num_steps
     common.prepare_workdir(cfg, workdir)
     examples = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, examples)
+    examples = common.stage_examples(cfg, workdir, "rl", tok, examples)
     if rl.prompt_pool > 0:
         examples = examples[: rl.prompt_pool]
+    tcfg = common.resolve_schedule(tcfg, len(examples), workdir, "rl", per_step=rl.num_prompts)
+    total = num_steps or tcfg.num_steps
     train_mesh = common.make_mesh_for(cfg)
     smesh = sample_mesh_for(rl.sample_mesh, train_mesh)
     rules = cfg.mesh.rules
