@@ -399,6 +399,13 @@ def run(
             rows = [prompts[i] for i in idx for _ in range(rl.group_size)]
             out = generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed), step))
             batch = assemble_rollouts(rows, out.tokens, out.lengths, prompt_len, tok.pad_id)
+            forced = 0.0
+            if processor is not None:  # tokens the grammar chose carry no policy gradient
+                from dlr_jax.latent_grammar import forced_tokens
+
+                hit = np.asarray(forced_tokens(out.tokens, out.lengths, aux, vocab_mask))
+                batch["completion_mask"][:, prompt_len:] *= ~hit
+                forced = float(hit.sum() / max(out.lengths.sum(), 1))
             t1 = time.perf_counter()
 
             cmask = batch["completion_mask"]
@@ -422,6 +429,7 @@ def run(
 
             metrics = {
                 "updates": trainer.step, "reward": float(reward.mean()), "reward_std": float(reward.std()),
+                "forced_fraction": forced,
                 **{f"reward/{k}": float(v.mean()) for k, v in parts.items()},
                 "accuracy": float(parts["answer"].mean()),
                 "n_latents": float(np.mean([p.n_latents for p in parsed])),
