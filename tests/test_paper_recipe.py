@@ -35,7 +35,7 @@ PAPER: dict[str, object] = {
     "eval.max_latents": 256,
     # the real DeepEncoder V2: causal flow of Qwen2-0.5B shape, 896 wide (14 heads x 64)
     "codebook.flow_layers": 24, "codebook.flow_heads": 14, "codebook.flow_kv_heads": 2,
-    "codebook.flow_head_dim": 64, "codebook.flow_mlp": 4864,
+    "codebook.flow_head_dim": 64, "codebook.flow_mlp": 4864, "codebook.flow_hidden": 896,
     "codebook.vit_hidden": 768, "codebook.vit_layers": 12, "codebook.neck_channels": 256,
     "codebook.compressor_mid": 512,
 }

@@ -171,7 +171,8 @@ class CodebookConfig:
     vit_window: int = 14
     neck_channels: int = 256
     compressor_mid: int = 512  # compressor channels: neck -> compressor_mid -> latent.latent_dim
-    # causal flow (Qwen2-style, width latent.latent_dim)
+    # causal flow (Qwen2-style; DeepEncoder V2's is Qwen2-0.5B: 896 wide, 24 layers, 14 x 64 heads, 2 kv heads)
+    flow_hidden: int = 0  # its width; 0 = latent.latent_dim (d_c). Another value adds a linear map to d_c
     flow_layers: int = 24
     flow_heads: int = 14
     flow_kv_heads: int = 2

@@ -78,7 +78,8 @@ def shared_codebook(tmp_path_factory, checkpoints):
     w = tmp_path_factory.mktemp("wd_llama")
     cfg = load_config(RECIPE, [*SHRINK, f"init_from={checkpoints['llama']}"])
     report = codebook.run(cfg, w)
-    assert math.isfinite(report["held_out"]["cer_true_ids"]) if "held_out" in report else True
+    assert math.isfinite(report["held_out"]["cer_true"]) and report["K"] == 32
+    _finite_losses(w, "codebook")
     export.run(cfg, w)
     return w
 
