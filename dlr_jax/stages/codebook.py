@@ -349,7 +349,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                         max_text_len=cb.max_text_len)
     print(f"[codebook] {len(texts)} training CoTs, {len(held_out)} held out; plan {plan.stats.as_dict()}",
           flush=True)
-    main_train = common.resolve_schedule(cb.train, len(texts), workdir, STAGE)  # num_epochs -> steps
+    # num_epochs -> steps over the plan's full batches (what one epoch of `plan` feeds)
+    main_train = common.resolve_schedule(cb.train, len(plan) * cb.train.batch_size, workdir, STAGE)
     total = num_steps or main_train.num_steps
     alpha_steps = len(plan) if cb.alpha_steps < 0 else cb.alpha_steps
 

@@ -35,7 +35,7 @@ SHRINK = [
     # data: synthetic arithmetic, 40 training problems: 32 SFT / 8 RL
     "data.dataset=synthetic", "data.synthetic_train=40", "data.synthetic_eval=8", "data.rl_split=8",
     "model.dtype=float32", "codebook.dtype=float32", "codebook.remat=none",
-    "latent.num_latents=32", "latent.latent_dim=16",
+    "latent.num_latents=32", "latent.latent_dim=16", "codebook.flow_hidden=0",
     # codebook: micro networks, one 128-px canvas (N = 4), the recipe's epochs over the 40 CoTs
     *codebook_nets(num_queries=4), "codebook.min_side=128", "codebook.max_side=128", "codebook.image_size=128",
     "codebook.max_text_len=48", "codebook.corpus=[]", "codebook.eval_corpus=[]", "codebook.eval_examples=8",
