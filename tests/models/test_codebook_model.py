@@ -147,7 +147,8 @@ def test_code_dim_and_flow_width_are_separate_settings():
     """d_c = latent.latent_dim; codebook.flow_hidden sets the flow (0 = d_c, the DeepEncoder V2 layout)."""
     same = CodebookModelConfig.from_config(load_config(ROOT / "configs" / "tiny.yaml", MICRO))
     assert same.encoder.flow.hidden_size == same.code_dim == 16 and same.encoder.code_dim == 0
-    cfg = CodebookModelConfig.from_config(load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.flow_hidden=24"]))
+    wide = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.flow_hidden=24"])
+    cfg = CodebookModelConfig.from_config(wide)
     assert cfg.encoder.flow.hidden_size == 24 and cfg.encoder.vision.out_channels == 24 and cfg.code_dim == 16
     assert CodebookModelConfig.from_dict(cfg.to_dict()) == cfg
     m = build_codebook_model(cfg, seed=0)
