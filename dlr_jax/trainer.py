@@ -118,6 +118,58 @@ def _shardings(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
+def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, tx: optax.GradientTransformation,
+                  schedule: optax.Schedule) -> Callable:
+    """The pure step `(params, rest, opt_state, batch, rng, step) -> (params, opt_state, metrics)` the
+    Trainer jits: gradients of `Σ loss_sum / Σ weight` over the batch's leading micro-batch axis, one
+    optimizer update. Also what `dlr_jax.plan` lowers from abstract shapes for a target machine."""
+
+    def step_fn(params, rest, opt_state, batch, rng, step):
+        def grad_of(mb, i):
+            def f(p):
+                model = nnx.merge(graphdef, p, rest)
+                ls, w, met = loss_fn(model, mb, jax.random.fold_in(rng, i))
+                return ls, (w, met)
+
+            (ls, (w, met)), g = jax.value_and_grad(f, has_aux=True)(params)
+            return g, ls, w, met
+
+        a = jax.tree.leaves(batch)[0].shape[0]
+        if a == 1:
+            # Straight-line code, no scan: XLA:CPU ran the same step ~5x slower inside a while loop
+            # (a length-1 scan included; 3.3 s vs 0.66 s for the codebook step at 256 px).
+            grads, loss_sum, weight, metrics = grad_of(jax.tree.map(lambda x: x[0], batch), 0)
+            loss_sum, weight = jnp.asarray(loss_sum, jnp.float32), jnp.asarray(weight, jnp.float32)
+            metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
+        else:
+            def micro(carry, xs):
+                g, ls, w, met = grad_of(*xs)
+                grads, loss_sum, weight, metrics = carry
+                return (jax.tree.map(jnp.add, grads, g), loss_sum + ls, weight + w,
+                        jax.tree.map(jnp.add, metrics, met)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            first = jax.tree.map(lambda x: x[0], batch)
+            met_shape = jax.eval_shape(lambda: loss_fn(nnx.merge(graphdef, params, rest), first, rng)[2])
+            met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), met_shape)
+            init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), met0)
+            (grads, loss_sum, weight, metrics), _ = jax.lax.scan(micro, init, (batch, jnp.arange(a)))
+        denom = jnp.maximum(weight, 1.0)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        out = {k: v / denom for k, v in metrics.items()}
+        out |= {
+            "loss": loss_sum / denom,
+            "weight": weight,
+            "grad_norm": optax.tree.norm(grads),
+            "lr": schedule(step),
+        }
+        return params, opt_state, out
+
+    return step_fn
+
+
 class Trainer:
     """Trains `model` in place (its parameters are replaced by the trained ones on return)."""
 
@@ -201,51 +253,7 @@ class Trainer:
 
     # -- the step --------------------------------------------------------------------------------
     def _build_step(self):
-        graphdef, loss_fn, tx, schedule = self.graphdef, self.loss_fn, self.tx, self.schedule
-
-        def step_fn(params, rest, opt_state, batch, rng, step):
-            def grad_of(mb, i):
-                def f(p):
-                    model = nnx.merge(graphdef, p, rest)
-                    ls, w, met = loss_fn(model, mb, jax.random.fold_in(rng, i))
-                    return ls, (w, met)
-
-                (ls, (w, met)), g = jax.value_and_grad(f, has_aux=True)(params)
-                return g, ls, w, met
-
-            a = jax.tree.leaves(batch)[0].shape[0]
-            if a == 1:
-                # Straight-line code, no scan: XLA:CPU ran the same step ~5x slower inside a while loop
-                # (a length-1 scan included; 3.3 s vs 0.66 s for the codebook step at 256 px).
-                grads, loss_sum, weight, metrics = grad_of(jax.tree.map(lambda x: x[0], batch), 0)
-                loss_sum, weight = jnp.asarray(loss_sum, jnp.float32), jnp.asarray(weight, jnp.float32)
-                metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
-            else:
-                def micro(carry, xs):
-                    g, ls, w, met = grad_of(*xs)
-                    grads, loss_sum, weight, metrics = carry
-                    return (jax.tree.map(jnp.add, grads, g), loss_sum + ls, weight + w,
-                            jax.tree.map(jnp.add, metrics, met)), None
-
-                zeros = jax.tree.map(jnp.zeros_like, params)
-                first = jax.tree.map(lambda x: x[0], batch)
-                met_shape = jax.eval_shape(lambda: loss_fn(nnx.merge(graphdef, params, rest), first, rng)[2])
-                met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), met_shape)
-                init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), met0)
-                (grads, loss_sum, weight, metrics), _ = jax.lax.scan(micro, init, (batch, jnp.arange(a)))
-            denom = jnp.maximum(weight, 1.0)
-            grads = jax.tree.map(lambda g: g / denom, grads)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            out = {k: v / denom for k, v in metrics.items()}
-            out |= {
-                "loss": loss_sum / denom,
-                "weight": weight,
-                "grad_norm": optax.tree.norm(grads),
-                "lr": schedule(step),
-            }
-            return params, opt_state, out
-
+        step_fn = build_step_fn(self.graphdef, self.loss_fn, self.tx, self.schedule)
         p_sh, r_sh, o_sh = _shardings(self.params), _shardings(self.rest), _shardings(self.opt_state)
         return jax.jit(
             step_fn,
