@@ -45,7 +45,7 @@ SHRINK = [
     "rl.group_size=4", "rl.max_new_tokens=24", "rl.max_latents=4", "rl.process_max_new_tokens=8",
     "rl.process_max_cot_tokens=48", "train.rl.batch_size=8",
     "eval.benchmarks=[synthetic]", "eval.max_new_tokens=24", "eval.max_latents=4", "eval.batch_size=8",
-    "sampling.prompt_bucket=32", "data.max_len=160",
+    "sampling.prompt_bucket=32",
 ]
 for _s in (*STAGES, "codebook"):
     _t = "codebook.train" if _s == "codebook" else f"train.{_s}"
