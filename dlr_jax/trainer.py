@@ -114,6 +114,23 @@ def make_optimizer(
     return optax.chain(clip, opt), schedule
 
 
+def batch_hash(batch: Mapping[str, jax.Array]) -> jax.Array:
+    """An order-sensitive uint32 fingerprint of a whole (global) batch, computed on device: each
+    element's 32 bits times a per-position odd multiplier, summed mod 2**32. Integer sums are exact
+    whatever the sharding or reduction order, so the same global batch hashes the same on any number
+    of processes and devices (logged as `batch_hash`, to compare data orders)."""
+    h = jnp.uint32(0)
+    for i, k in enumerate(sorted(batch)):
+        x = batch[k]
+        x = jax.lax.bitcast_convert_type(x, jnp.uint32) if x.dtype.itemsize == 4 else x.astype(jnp.uint32)
+        pos = jax.lax.broadcasted_iota(jnp.uint32, x.shape, 0)
+        for d in range(1, x.ndim):
+            pos = pos * jnp.uint32(x.shape[d]) + jax.lax.broadcasted_iota(jnp.uint32, x.shape, d)
+        mult = pos * jnp.uint32(2654435761) + jnp.uint32(2 * i + 1)
+        h = h * jnp.uint32(31) + jnp.sum(x * (mult | jnp.uint32(1)), dtype=jnp.uint32)
+    return h
+
+
 def _shardings(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.sharding, tree)
 
@@ -274,6 +291,7 @@ class Trainer:
                 "weight": weight,
                 "grad_norm": optax.tree.norm(grads),
                 "lr": schedule(step),
+                "batch_hash": batch_hash(batch),
             }
             return params, opt_state, out
 
@@ -369,7 +387,7 @@ class Trainer:
         writer = _Writers(self.dir, enabled=jax.process_index() == 0)
         prof = _parse_profile(cfg.profile_steps)
         handler = self._install_sigterm()
-        bar = _progress(bar_total or total, self.step, cfg.progress, self.name)
+        bar = _progress(bar_total or total, self.step, cfg.progress and jax.process_index() == 0, self.name)
         t_last, w_last = time.perf_counter(), 0.0
         preempted = False
         pending: list[tuple[int, dict[str, jax.Array]]] = []
