@@ -185,7 +185,8 @@ def evaluate_examples(
     samples: list[dict[str, Any]] = []
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=len(run_seeds) * len(batches), desc=benchmark, unit="batch", disable=not progress)
+    bar = tqdm(total=len(run_seeds) * len(batches), desc=benchmark, unit="batch",
+               disable=not progress or jax.process_index() != 0)
     for seed in run_seeds:
         rows: dict[int, dict[str, Any]] = {}
         for b, idx in enumerate(batches):
@@ -490,6 +491,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             Path(a.out).write_text(json.dumps(agg, indent=2) + "\n")
         print(format_aggregate(agg), flush=True)
         return agg
+    from dlr_jax.train import maybe_initialize_distributed
+
+    maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
     if not a.workdir:
         parser.error("--workdir is required (or --aggregate W1 W2 ...)")
     results = evaluate(
@@ -499,7 +503,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         constrain_format=a.constrain_format, data_dir=a.data_dir, config=a.config, overrides=a.overrides,
         tag=a.tag, progress=a.progress,
     )
-    print(format_table(results), file=sys.stdout, flush=True)
+    if jax.process_index() == 0:  # every process computed the same results: print them once
+        print(format_table(results), file=sys.stdout, flush=True)
     return results
 
 

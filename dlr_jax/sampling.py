@@ -178,6 +178,8 @@ def _decode(
     # The final cache is returned so the donated input buffer is reused in place by the loop
     # (without an aliasing output XLA copies the whole cache into the loop carry).
     model = nnx.merge(graphdef, state)
+    if not jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):  # raw key data (multi-process callers)
+        rng = jax.random.wrap_key_data(rng)
     b, n = logits0.shape[0], cfg.max_new_tokens
     lp_temp = jnp.float32(1.0) if cfg.greedy else temperature
 
@@ -465,7 +467,10 @@ class Sampler:
             if vm is not None and vm.shape != (vocab,):
                 raise ValueError(f"vocab_mask has shape {vm.shape}, expected ({vocab},)")
             if self.mesh is not None:
-                rng = jax.device_put(rng, rep)
+                # A global replicated array built from host data on every process (a device_put onto a
+                # mesh that spans other processes' devices fails); the key is re-wrapped inside jit.
+                typed = jnp.issubdtype(rng.dtype, jax.dtypes.prng_key)
+                rng = self._put(np.asarray(jax.random.key_data(rng) if typed else rng), rep)
             tokens, logps, lengths, finished, _ = decode(
                 self.graphdef, cfg, self.state, cache, logits0, self._put(lens, self._batch_sharding((b,))),
                 self._put(stops, rep), vm, self._put(np.int32(pad_id), rep),

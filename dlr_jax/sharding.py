@@ -168,6 +168,14 @@ def named_sharding(
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
 
 
+def put_global(x: Any, sharding: NamedSharding) -> jax.Array:
+    """A host value (the same on every process) as a global array with `sharding`: each process
+    places only its addressable shards. Unlike `jax.device_put`, this works when the mesh spans
+    other processes' devices (multi-process runs)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
 def state_shardings(state: nnx.State, mesh: Mesh, rules: Mapping | str = "fsdp") -> nnx.State:
     """NamedShardings for every Variable in `state` from its `logical_axes` metadata.
 

@@ -75,6 +75,9 @@ def maybe_initialize_distributed() -> None:
         return
     import jax
 
+    if jax.distributed.is_initialized():  # e.g. train and evaluate called in one process
+        return
+
     if os.environ.get("JAX_PLATFORMS", "") == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(

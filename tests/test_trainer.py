@@ -193,3 +193,41 @@ def test_trainer_clip_group_keeps_one_part_from_shrinking_the_other(tmp_path):
     assert np.all(np.abs(lm_kernel(steps["global"])) < 1e-4)  # one global norm: the OCR part shrank it
     ocr = jax.tree.leaves(steps["grouped"]["ocr"])
     assert float(np.sqrt(sum(np.sum(np.square(x)) for x in ocr))) == pytest.approx(1.0, rel=1e-5)
+
+
+def _bytes_on(tree, device) -> int:
+    return sum(s.data.nbytes for x in jax.tree.leaves(tree) for s in x.addressable_shards if s.device == device)
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices (XLA_FLAGS)")
+def test_optimizer_state_is_born_sharded_like_its_parameters(tmp_path):
+    """Every AdamW moment carries its parameter's sharding (count/scalars replicated), at creation and
+    after a restore, so device 0 holds ~1/8 of the optimizer state on an fsdp=8 mesh, not all of it."""
+    cfg = dataclasses.replace(CFG, hidden_size=64, num_heads=8, num_kv_heads=8, intermediate_size=128)
+    mesh = sh.make_mesh(1, 8, 1)
+    tcfg = dataclasses.replace(TCFG, num_steps=1, checkpoint_every=1)
+
+    def check(tr):
+        p_sh = jax.tree.map(lambda x: x.sharding, tr.params)
+        adam = tr.opt_state[1][0]  # chain(clip, adamw) -> adamw = chain(scale_by_adam, ...)
+        for moment in (adam.mu, adam.nu):
+            for m, s in zip(jax.tree.leaves(moment), jax.tree.leaves(p_sh), strict=True):
+                assert m.sharding.is_equivalent_to(s, m.ndim), (m.sharding, s)
+        assert adam.count.sharding.is_fully_replicated
+        dev0 = mesh.devices.flat[0]
+        total = sum(x.nbytes for x in jax.tree.leaves(tr.opt_state))
+        frac = _bytes_on(tr.opt_state, dev0) / total
+        # 1/8 plus the replicated norm scales (the only vectors): measured 0.127 on this config.
+        assert frac < 0.14, frac
+        # and exactly twice the parameter bytes (mu + nu) plus two int32 step counts (adam, schedule)
+        assert _bytes_on(tr.opt_state, dev0) == 2 * _bytes_on(tr.params, dev0) + 2 * 4
+
+    model = sh.create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
+    tr = Trainer(model, lm_loss, tcfg, tmp_path, mesh=mesh)
+    check(tr)
+    tr.fit(iter(dataset()))
+    check(tr)  # the jitted step keeps them
+    model = sh.create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
+    again = Trainer(model, lm_loss, tcfg, tmp_path, mesh=mesh)
+    assert again.restore()
+    check(again)

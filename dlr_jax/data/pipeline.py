@@ -1,7 +1,8 @@
 """grain pipelines that turn `Example`s into training batches for the textsft / align / sft stages.
 
-    examples --length filter (counted)--> MapDataset.source --[shard_index::shard_count]-->
-    .shuffle(seed) --> .repeat(num_epochs) (reshuffled every epoch) --> .map(tokenise, formats.py)
+    examples --length filter (counted)--> MapDataset.source -->
+    .shuffle(seed) --> .repeat(num_epochs) (reshuffled every epoch) --> this process's rows of
+    each global batch (`ProcessSlice`) --> .map(tokenise, formats.py)
     --> pad to max_len and .batch()                      (pack=False)
      or .to_iter_dataset() --> FirstFitPackIterDataset --> .batch()   (pack=True)
     --> optional .mp_prefetch(num_workers)
@@ -21,13 +22,21 @@ Stage sft's dual branch (`ocr_text_len > 0`, unpacked only) adds, per row (one e
                    codes any (length-filtered) example has, so every batch and process has one shape
     ocr_code_mask  [b, N] 1 on the real codes (the right end), 0 on the padding
 
-`batch_size` is the number of rows this iterator yields: the per-process batch. Each process reads
-its own disjoint shard of the (length-filtered) examples, shuffled with the same seed.
+`batch_size` is the number of rows this iterator yields: the per-process batch. One data order for
+any topology: every process builds the same *global* stream (the length-filtered examples shuffled
+with the seed, reshuffled every epoch) and global batch j is its elements [j G, (j + 1) G) with
+G = batch_size x shard_count; process p reads rows [p batch_size, (p + 1) batch_size) of it. So a
+global batch holds the same examples in the same order on 1 host or on 8.
 
-The returned `grain.IterDataset`'s iterator has `get_state()` / `set_state()`: a run restored
-from a saved state sees exactly the batches the uninterrupted run would have seen, given the same
-examples, arguments and num_workers. With packing, rows depend on num_workers (each worker packs
-its own slice); without, the batches are the same for any num_workers.
+The returned dataset's iterator has `get_state()` / `set_state()`: a run restored from a saved
+state sees exactly the batches the uninterrupted run would have seen, given the same examples,
+arguments and num_workers. Unpacked, the state counts global batches (`global_batches`), so it
+resumes on a different number of processes (same global batch size) with the same next global
+batch, and the batches are the same for any num_workers. Packed (`pack=True`), each process packs
+its own slice of the global stream: the examples of global step j are those of the unpacked run's
+global batch j only until a packer holds some back for a later row, so the rows, and the examples
+per step, depend on the number of processes and of workers; the state is grain's, and resuming it
+on another number of processes raises an error.
 
 Worker processes: `num_workers > 0` runs tokenisation (and later rendering) in grain worker
 processes. Everything passed to `.map` is a top-level callable or `functools.partial`, so it
@@ -223,7 +232,7 @@ def make_stage_dataset(
     num_threads: int = 2,
     ocr_text_len: int = 0,
     vocab_size: int | None = None,
-) -> grain.IterDataset:
+) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
     examples: for align / sft, `latents` must hold every example's id (e.g. a LatentTable).
@@ -263,11 +272,11 @@ def make_stage_dataset(
         (log.warning if cut else log.info)(
             "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d characters; their OCR "
             "targets are cut", cut, len(items), ocr_text_len - 1)
-    ds = grain.MapDataset.source(items)[shard_index::shard_count]
-    if len(ds) == 0:
+    if len(items) < shard_count:
         fit = f"{len(items)} examples fit max_len={max_len}"
         raise ValueError(f"shard {shard_index}/{shard_count} is empty: {fit}")
-    ds = ds.shuffle(seed=seed).repeat(num_epochs)
+    ds = grain.MapDataset.source(items).shuffle(seed=seed).repeat(num_epochs)
+    ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
     ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
     if pack:
         it = FirstFitPackIterDataset(
@@ -279,14 +288,102 @@ def make_stage_dataset(
             padding_struct={"tokens": tok.pad_id, "loss_mask": 0},
         )
         it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
-    else:
-        ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
-        batches = ds.batch(batch_size, drop_remainder=drop_remainder)
-        it = batches.to_iter_dataset(_read_options(num_threads, _BATCH_READ_AHEAD))
+        return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count, packed=True)
+    ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
+    batches = ds.batch(batch_size, drop_remainder=drop_remainder)
+
+    def from_batch(start: int) -> Any:
+        # Resuming = reading the same (global-order) batch dataset from global batch `start` on.
+        tail = batches[start:] if start else batches
+        return _prefetch(tail.to_iter_dataset(_read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
+
+    return StageData(from_batch, batch_size * shard_count, shard_count, packed=False)
+
+
+def _prefetch(it: grain.IterDataset, num_workers: int) -> grain.IterDataset:
     if num_workers > 0:
         _mark_absl_flags_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=2))
     return it
+
+
+class ProcessSlice(grain.MapDataset):
+    """Process `index` of `count`'s rows of every global batch of `parent`: element i is parent element
+    (i // batch) * batch * count + index * batch + i % batch. A final partial global batch (finite
+    epochs) is split in order: the first processes get its rows, later ones fewer or none."""
+
+    def __init__(self, parent: grain.MapDataset, batch: int, index: int, count: int):
+        super().__init__(parent)
+        self._batch, self._index, self._count = batch, index, count
+        total = len(parent)
+        full, rest = divmod(total, batch * count)
+        self._length = full * batch + min(max(rest - index * batch, 0), batch)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def _parent_index(self, i: int) -> int:
+        j, k = divmod(i, self._batch)
+        return j * self._batch * self._count + self._index * self._batch + k
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[self._parent_index(index)]
+
+    def __str__(self) -> str:
+        return f"ProcessSlice(batch={self._batch}, index={self._index}, count={self._count})"
+
+
+class StageData:
+    """What `make_stage_dataset` returns: iterable (a fresh iterator from the start each time)."""
+
+    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool):
+        self._make, self.global_batch, self.shard_count, self.packed = make, global_batch, shard_count, packed
+
+    def __iter__(self) -> StageIterator:
+        return StageIterator(self)
+
+
+class StageIterator:
+    """Batches of a `StageData`; `get_state` / `set_state` as the module docstring says: unpacked, the
+    state is the number of global batches read, which any process count can resume from."""
+
+    def __init__(self, data: StageData):
+        self._data, self._read = data, 0
+        self._it = iter(data._make(0))
+
+    def __iter__(self) -> StageIterator:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._it)
+        self._read += 1
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        d = self._data
+        state: dict[str, Any] = {"global_batches": self._read, "global_batch_size": d.global_batch}
+        if d.packed:
+            state |= {"shard_count": d.shard_count, "packed": self._it.get_state()}
+        return state
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        d = self._data
+        if "global_batches" not in state:  # a checkpoint from before global batches: grain's own state
+            self._it.set_state(state)
+            return
+        if int(state["global_batch_size"]) != d.global_batch:
+            raise ValueError(f"the checkpointed data state has global batch size {state['global_batch_size']}, "
+                             f"this run {d.global_batch} (batch_size x processes): resume with the same batch size")
+        self._read = int(state["global_batches"])
+        if not d.packed:
+            self._it = iter(d._make(self._read))
+            return
+        if int(state["shard_count"]) != d.shard_count:
+            raise ValueError(f"packed data (data.pack=true) was checkpointed on {state['shard_count']} processes "
+                             f"and cannot resume on {d.shard_count}: each process packs its own rows")
+        self._it.set_state(state["packed"])
 
 
 def _read_options(num_threads: int, read_ahead: int) -> grain.ReadOptions:

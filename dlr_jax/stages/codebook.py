@@ -57,7 +57,7 @@ from dlr_jax.models.codebook_model import (
     teacher_inputs,
 )
 from dlr_jax.models.vq import code_usage, kmeans_init, refresh_dead_codes, vq_objective
-from dlr_jax.sharding import create_sharded
+from dlr_jax.sharding import create_sharded, put_global
 from dlr_jax.stages import common
 from dlr_jax.stages.export import LatentDecoder, encode_ids, load_decoder
 from dlr_jax.trainer import Trainer
@@ -219,7 +219,7 @@ def kmeans_codebook(model: CodebookModel, plan: rp.BatchPlan, num_batches: int, 
 def _set_codebook(trainer: Trainer, value: np.ndarray) -> None:
     var = trainer.params["vq"]["codebook"]
     old = var.get_value()
-    var.set_value(jax.device_put(jnp.asarray(value, old.dtype), old.sharding))
+    var.set_value(put_global(np.asarray(value, old.dtype), old.sharding))  # multi-process safe
 
 
 def refresh_codes(trainer: Trainer, plan: rp.BatchPlan, num_batches: int, seed: int) -> int:

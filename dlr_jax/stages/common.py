@@ -45,7 +45,8 @@ def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
     """Creates the workdir and records the resolved config (the one that ran)."""
     w = Path(workdir)
     w.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, w / "config.yaml")
+    if jax.process_index() == 0:  # one writer; every process holds the same cfg
+        save_config(cfg, w / "config.yaml")
     return w
 
 
@@ -108,7 +109,8 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
         # text-only model and the latent LM share one id space.
         text_rows = -(-base.text_vocab_size // mult) * mult
         tok = Tokenizer(base.backend, num_latents=K, pad_multiple=mult, min_text_vocab_size=text_rows)
-    tok.save(tdir)
+    if jax.process_index() == 0:  # every process built the same tokenizer (deterministic); one writes it
+        tok.save(tdir)
     return tok
 
 

@@ -384,9 +384,10 @@ def run(
         m = evaluate()
         writer.write(step, m)
         evals.append({"step": step, **m})
-        print(f"[rl] eval ({rl.eval_split or cfg.data.eval_split} prompts) step {step}: reward {m['eval/reward']:.4f} "
-              f"acc {m.get('eval/accuracy', 0.0):.4f} "
-              f"({int(m['eval/rollouts'])} rollouts)", flush=True)
+        if jax.process_index() == 0:
+            print(f"[rl] eval ({rl.eval_split or cfg.data.eval_split} prompts) step {step}: reward "
+                  f"{m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} ({int(m['eval/rollouts'])} rollouts)",
+                  flush=True)
 
     try:
         if stream.steps == 0:
@@ -435,7 +436,7 @@ def run(
                 "n_latents": float(np.mean([p.n_latents for p in parsed])),
                 "completion_length": float(out.lengths.mean()), "finished": float(out.finished.mean()),
                 "zero_std_frac": float(grpo.zero_std_fraction(reward, rl.group_size)),
-                **{k: v for k, v in upd.items() if k not in ("clip_ratio/region_mean",)},
+                **{k: v for k, v in upd.items() if k not in ("clip_ratio/region_mean", "batch_hash")},
                 "clip_fraction": upd["clip_ratio/region_mean"],
                 "logprob_gap/mean": float(gap.sum() / max(gen_mask.sum(), 1.0)),
                 "logprob_gap/max": float(gap.max()),
@@ -444,7 +445,7 @@ def run(
             }
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
-            if step % tcfg.log_every == 0 or step == total:
+            if (step % tcfg.log_every == 0 or step == total) and jax.process_index() == 0:
                 print(f"[rl] step {step}/{total} reward {metrics['reward']:.3f} acc {metrics['accuracy']:.3f} "
                       f"#L {metrics['n_latents']:.1f} kl {metrics.get('kl', 0.0):.4f} clip "
                       f"{metrics['clip_fraction']:.3f} ({metrics['time/step']:.1f}s)", flush=True)

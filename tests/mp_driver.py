@@ -1,0 +1,29 @@
+"""One rank of a multi-process test run (tests/test_multiprocess.py): joins the run from the
+DLR_* environment variables, then runs stages through the public CLIs in this one process (one
+interpreter start and one `jax.distributed.initialize` per rank instead of one per stage).
+
+    python -m tests.mp_driver WORKDIR STAGE[,STAGE...] [k=v ...]   (config overrides)
+
+STAGE: a `dlr_jax.train` stage, or `evaluate` (the rl stage's model; benchmark synthetic)."""
+
+import os
+import sys
+
+if __name__ == "__main__":
+    import jax
+
+    if os.environ.get("JAX_PLATFORMS") == "cpu":
+        jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py
+    from dlr_jax import evaluate, train
+
+    train.maybe_initialize_distributed()
+    workdir, stages, sets = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
+    as_flags = lambda kvs: [a for kv in kvs for a in ("--set", kv)]  # noqa: E731
+    for stage in stages:
+        if stage == "evaluate":
+            evaluate.main(["--workdir", workdir, "--stage", "rl", "--benchmarks", "synthetic", "--no-progress",
+                           *as_flags(s for s in sets if s.startswith("eval."))])
+        else:
+            code = train.main(["--stage", stage, "--workdir", workdir, "--mode", "cot", *as_flags(sets)])
+            if code:
+                raise SystemExit(code)

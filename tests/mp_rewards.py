@@ -1,0 +1,16 @@
+"""A reward for the multi-process tests (imported by `rl.reward_modules=[tests.mp_rewards]` in the
+spawned processes): it varies between the rollouts of a group even for an untrained model, so GRPO's
+advantages, and so its gradients, are not zero (an all-zero-reward update is rounding noise, which
+Adam blows up to full-size steps and no two topologies would agree on)."""
+
+import numpy as np
+
+from dlr_jax.rewards import RewardInputs, register_reward
+
+
+@register_reward("distinct_share")
+def distinct_share(inputs: RewardInputs) -> np.ndarray:
+    """Distinct generated token ids / generated tokens, per rollout."""
+    ids, mask = np.asarray(inputs.completion_ids), np.asarray(inputs.completion_mask) > 0
+    return np.asarray([len(set(r[m].tolist())) / max(int(m.sum()), 1) for r, m in zip(ids, mask, strict=True)],
+                      np.float32)
