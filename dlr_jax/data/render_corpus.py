@@ -48,7 +48,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+# Both are needed at run time by tensorflow-datasets, which declares the first for Linux only and the
+# second for Python < 3.9 only (its builders import it on every Python): pyproject.toml declares them,
+# and importing them here fails at import with the missing name, not in the middle of a render.
+import array_record  # noqa: F401  (the cache's file format: TFDS writes and reads shards through it)
 import grain
+import importlib_resources  # noqa: F401
 import numpy as np
 import tensorflow_datasets as tfds
 from PIL import Image

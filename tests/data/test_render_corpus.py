@@ -66,6 +66,23 @@ def test_cache_is_pixel_identical_to_rendering_in_the_plan_order(rendered):
         np.testing.assert_array_equal(ex["image"], rp.render_images([texts[i]], [live.fonts[i]], side, rcfg)[0])
 
 
+def test_cache_reads_in_grain_worker_processes(rendered):
+    """The cache pickles into grain's worker processes (each reopens the TFDS sources)."""
+    out, cfg, texts = rendered
+    kw = dict(batch_size=4, seed=cfg.run.seed, config=rp.render_config(cfg.codebook),
+              max_text_len=cfg.codebook.max_text_len)
+    cached = rp.BatchPlan(texts, **kw, cache=open_render_cache(cfg, texts))
+    it = iter(rp.make_render_dataset(cached, num_epochs=1, num_workers=1))
+    try:
+        got = [next(it) for _ in range(2)]
+    finally:
+        it.close()
+    for i, b in enumerate(got):
+        want = rp._render_train_batch(i, None, plan=rp.BatchPlan(texts, **kw), rows=slice(None))
+        for k in want:
+            np.testing.assert_array_equal(b[k], want[k], err_msg=k)
+
+
 def test_two_shards_cover_every_example_once(rendered):
     out, cfg, texts = rendered
     ids = [np.load(out / "shards" / rc.shard_name("train", i, 2) / "ids.npy") for i in (0, 1)]
