@@ -134,3 +134,30 @@ def test_no_cache_renders_on_the_fly_and_a_missing_one_names_the_command(tmp_pat
     cfg = load_config(TINY, [*SETS, f"codebook.render_cache={tmp_path / 'none'}"])
     with pytest.raises(rc.RenderCacheError, match="python -m dlr_jax.data.render_corpus"):
         open_render_cache(cfg, ["x"])
+
+
+def test_the_codebook_stage_builds_its_plan_on_the_cache(rendered, tmp_path, monkeypatch):
+    """`codebook.run` with codebook.render_cache: its training batches come from the cache (stopped at
+    the first batch stream, before anything is compiled for training)."""
+    from dlr_jax.stages import codebook
+    from tests.micro import codebook_nets
+
+    out, _, texts = rendered
+    plans = []
+
+    class Stop(Exception):
+        pass
+
+    def first_stream(plan, **kw):
+        plans.append(plan)
+        raise Stop
+
+    monkeypatch.setattr(codebook.rp, "make_render_dataset", first_stream)
+    cfg = load_config(TINY, [*SETS, *codebook_nets(num_queries=16), f"codebook.render_cache={out}", "mesh.fsdp=1",
+                             "codebook.warmup_steps=0", "codebook.kmeans_init_batches=0"])
+    with pytest.raises(Stop):
+        codebook.run(cfg, tmp_path)
+    (plan,) = plans
+    assert isinstance(plan.cache, rc.RenderCache) and plan.cache.path == out and plan.texts == texts
+    with pytest.raises(rc.RenderCacheError, match="font_std"):  # checked before the stage builds anything
+        codebook.run(load_config(TINY, [*SETS, f"codebook.render_cache={out}", "codebook.font_std=2.0"]), tmp_path)
