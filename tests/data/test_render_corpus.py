@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tensorflow_datasets as tfds
 
 from dlr_jax.config import load_config
 from dlr_jax.data import render_corpus as rc
@@ -81,6 +82,20 @@ def test_cache_reads_in_grain_worker_processes(rendered):
         want = rp._render_train_batch(i, None, plan=rp.BatchPlan(texts, **kw), rows=slice(None))
         for k in want:
             np.testing.assert_array_equal(b[k], want[k], err_msg=k)
+
+
+def test_each_shard_is_a_plain_tfds_dataset(rendered):
+    """Any TFDS reader opens a shard from its files alone (no dlr_jax builder class registered), with the
+    render settings in its metadata and the PNG decoding to the canvas side recorded beside it."""
+    out, cfg, texts = rendered
+    sdir = out / "shards" / rc.shard_name("train", 1, 2)
+    src = tfds.data_source(rc.BUILDER, data_dir=str(sdir), split="train", download=False)
+    assert len(src) == 25
+    rec = src[0]
+    assert set(rec) == {"png", "text", "side", "font_size", "drawn_font_size", "id"} and rec["id"] == 25
+    assert rec["text"].decode() == texts[25] and rc.decode_png(rec["png"]).shape == (rec["side"], rec["side"])
+    info = tfds.builder(rc.BUILDER, data_dir=str(sdir)).info
+    assert info.metadata["settings"]["seed"] == cfg.run.seed and info.metadata["examples"] == 50
 
 
 def test_two_shards_cover_every_example_once(rendered):
