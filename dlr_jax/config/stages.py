@@ -218,6 +218,10 @@ class CodebookConfig:
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(learning_rate=1e-4, batch_size=32, num_steps=2000)
     )
+    # a corpus rendered once by `python -m dlr_jax.data.render_corpus --split train` (a TFDS array_record
+    # dataset): the training plan's images are read from it instead of drawn every epoch; "" = render on
+    # the fly. Its recorded render settings, seed and corpus must match this config (else an error).
+    render_cache: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -198,6 +199,11 @@ class CodebookModel(nnx.Module):
     # -- encoder side ----------------------------------------------------------------------------
     def encode(self, images: Array) -> Float[Array, "b n dc"]:
         """uint8 images [b, L, L] (grey) or [b, L, L, 3] -> continuous features H [b, (L/64)^2, d_c]."""
+        # trace-time checks (free at run time): a float image in 0..255 or a non-square canvas would
+        # otherwise come out as silently wrong features
+        chex.assert_rank(images, {3, 4})
+        chex.assert_type(images, jnp.uint8)
+        chex.assert_axis_dimension(images, 2, images.shape[1])
         if images.ndim == 3:
             images = jnp.repeat(images[..., None], 3, axis=-1)
         return self.encoder(normalize_images(images))

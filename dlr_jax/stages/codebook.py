@@ -87,6 +87,19 @@ def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
     return [ex.cot for ex in examples if ex.cot.strip()]
 
 
+def open_render_cache(cfg: Config, texts: Sequence[str]) -> Any:
+    """The training corpus rendered once (`codebook.render_cache`, checked against this config and
+    corpus: a mismatch raises), or None to render on the fly."""
+    if not cfg.codebook.render_cache:
+        return None
+    from dlr_jax.data.render_corpus import RenderCache
+
+    cache = RenderCache(cfg.codebook.render_cache, split="train")
+    cache.check(texts, rp.render_config(cfg.codebook), cfg.run.seed)
+    print(f"[codebook] training images read from the render cache {cfg.codebook.render_cache}", flush=True)
+    return cache
+
+
 class _AlphaFeed:
     """Adds `alpha` [b] to each batch while alpha(step) > 0 (the step comes from the trainer, so
     resuming restores it); forwards grain's get_state / set_state."""
@@ -346,7 +359,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     if cb.eval_examples:
         held_out = held_out[: cb.eval_examples]
     plan = rp.BatchPlan(texts, batch_size=cb.train.batch_size, seed=seed, config=rp.render_config(cb),
-                        max_text_len=cb.max_text_len)
+                        max_text_len=cb.max_text_len, cache=open_render_cache(cfg, texts))
     print(f"[codebook] {len(texts)} training CoTs, {len(held_out)} held out; plan {plan.stats.as_dict()}",
           flush=True)
     # num_epochs -> steps over the plan's full batches (what one epoch of `plan` feeds)

@@ -98,6 +98,14 @@ def test_encoder_gives_n_tokens_up_to_the_pool(model, side):
     assert not np.allclose(h[0], h[1])  # the image content reaches the features
 
 
+def test_encoder_inputs_are_checked_at_trace_time(model):
+    with pytest.raises(AssertionError, match="assert_type"):  # 0..255 floats would be mis-normalised
+        jax.eval_shape(model.encode, jax.ShapeDtypeStruct((2, 64, 64), jnp.float32))
+    with pytest.raises(AssertionError, match="assert_axis_dimension"):  # canvases are square
+        jax.eval_shape(model.encode, jax.ShapeDtypeStruct((2, 64, 128), jnp.uint8))
+    assert jax.eval_shape(model.encode, jax.ShapeDtypeStruct((2, 64, 64), jnp.uint8)).shape == (2, 1, 16)
+
+
 def test_decoder_takes_any_prefix_length(model):
     targets = jnp.asarray([encode_target("1+2=3", 12)[0]] * 2)
     inputs, mask = teacher_inputs(targets)
