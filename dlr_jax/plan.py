@@ -153,8 +153,9 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
 def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
     import functools
 
-    from dlr_jax.models.codebook_model import VOCAB, CodebookModel, CodebookModelConfig
-    from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch, dual_branch_loss
+    from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
+    from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch
+    from dlr_jax.stages.sft import dual_branch_loss
 
     dcfg = CodebookModelConfig.from_config(cfg)
     d = cfg.model.hidden_size
@@ -169,7 +170,6 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
     n = dcfg.num_queries
     extra = {"ocr_targets": ((dcfg.max_text_len,), jnp.int32), "ocr_codes": ((n,), jnp.int32),
              "ocr_code_mask": ((n,), jnp.int32)}
-    del VOCAB
     return model, loss, nnx.Any(trainable, OCR_PARAMS), extra
 
 
@@ -194,7 +194,7 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     f32, i32 = jnp.float32, jnp.int32
     bv = NamedSharding(mesh, logical_to_spec(("batch", "act_vocab"), (b, lat.total_vocab_size), mesh, rules))
     rep = NamedSharding(mesh, PartitionSpec())
-    dcfg = _DecodeCfg(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None)
+    dcfg = _DecodeCfg(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None, True)
     args = (graphdef, dcfg, s_abs, cache, jax.ShapeDtypeStruct((b, lat.total_vocab_size), f32, sharding=bv),
             jax.ShapeDtypeStruct((b,), i32), jax.ShapeDtypeStruct((8,), i32, sharding=rep),
             jax.ShapeDtypeStruct((lat.total_vocab_size,), bool, sharding=rep), jax.ShapeDtypeStruct((), i32),

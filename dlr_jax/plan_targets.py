@@ -57,20 +57,15 @@ class TargetUnavailable(RuntimeError):
     """The compiler for a target is not installed here; the message says which extra installs it."""
 
 
+_V5P_SLICES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+               512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+
+
 def _tpu_topology_name(version: str, n: int) -> str:
-    """v5p slices are 3-D in chips: 2x2x1 (4), 2x2x2 (8), 2x2x4 (16), 2x4x4 (32), 4x4x4 (64), ..."""
-    dims = [1, 1, 1]
-    if n & (n - 1) or n < 1:
-        raise ValueError(f"a TPU slice needs a power-of-two chip count, got {n}")
-    i, left = 0, n
-    while left > 1:
-        dims[i % 3] *= 2
-        left //= 2
-        i += 1
-    dims = sorted(dims)
-    if dims[0] == 1 and dims[1] == 1 and n >= 4:  # chips come in 2x2 trays
-        dims = [2, 2, n // 4]
-    return f"{version}:{'x'.join(str(d) for d in sorted(dims))}"
+    """The slice of n chips: v5p slices are 3-D tori of 2x2x1 trays (2x2x2 = 8 chips, 4x4x4 = 64)."""
+    if n not in _V5P_SLICES:
+        raise ValueError(f"no {version} slice of {n} chips; slices: {sorted(_V5P_SLICES)}")
+    return f"{version}:{_V5P_SLICES[n]}"
 
 
 def target_devices(target: Target, n: int) -> list[jax.Device]:
