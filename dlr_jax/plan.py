@@ -58,6 +58,10 @@ class Program:
     notes: tuple[str, ...] = ()
 
 
+def _KEY_DTYPE() -> Any:  # noqa: N802 - a constant, computed without placing an array on any device
+    return jax.eval_shape(lambda: jax.random.key(0)).dtype
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
@@ -141,7 +145,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     o_abs = _abstract(jax.eval_shape(tx.init, p_abs), o_sh)
     accum = tcfg.grad_accum
     batch = _batch_sds(mesh, rules, accum, tcfg.batch_size // accum, fields)
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    rng = jax.ShapeDtypeStruct((), _KEY_DTYPE())
     step = jax.ShapeDtypeStruct((), jnp.int32)
     pure = build_step_fn(graphdef, loss, tx, schedule)
     jitted = jax.jit(pure, in_shardings=(p_sh, r_sh, o_sh, None, None, None), out_shardings=(p_sh, o_sh, None),
@@ -199,7 +203,7 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
             jax.ShapeDtypeStruct((b,), i32), jax.ShapeDtypeStruct((8,), i32, sharding=rep),
             jax.ShapeDtypeStruct((lat.total_vocab_size,), bool, sharding=rep), jax.ShapeDtypeStruct((), i32),
             jax.ShapeDtypeStruct((), f32), jax.ShapeDtypeStruct((), f32),
-            jax.ShapeDtypeStruct((), jax.random.key(0).dtype), None)
+            jax.ShapeDtypeStruct((), _KEY_DTYPE()), None)
     trips = rl.max_new_tokens - 1
     return Program("rollout", decode, _decode, args, b * rl.max_new_tokens, rl.num_prompts,
                    while_trips=lambda eqn: trips,
@@ -242,7 +246,7 @@ def codebook_program(cfg: Config, mesh: Mesh) -> Program:
     pure = build_step_fn(graphdef, loss, tx, schedule)
     jitted = jax.jit(pure, in_shardings=(p_sh, r_sh, o_sh, None, None, None), out_shardings=(p_sh, o_sh, None),
                      donate_argnums=(0, 2))
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    rng = jax.ShapeDtypeStruct((), _KEY_DTYPE())
     n = (side // 64) ** 2
     return Program("codebook", jitted, pure, (p_abs, r_abs, o_abs, batch, rng, jax.ShapeDtypeStruct((), jnp.int32)),
                    cb.train.batch_size * (n + cb.max_text_len), cb.train.batch_size,
@@ -306,13 +310,17 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         out["fits"] = bool(mem["peak_bytes"] <= hbm)
     if math.isfinite(target.peak_flops):
         t_compute = per_dev_flops / target.peak_flops
-        bytes_dev = xla.get("xla_bytes_accessed")
-        if bytes_dev and flops.total and xla.get("xla_flops_loop_bodies_once"):
+        bytes_dev, source = xla.get("xla_bytes_accessed"), "xla cost analysis, loop bodies scaled like its FLOPs"
+        if bytes_dev and xla.get("xla_flops_loop_bodies_once"):
             # XLA's bytes count loop bodies once too: scale by the same factor as its FLOPs
             bytes_dev *= max(1.0, per_dev_flops / max(xla["xla_flops_loop_bodies_once"], 1.0))
+        elif mem:  # no cost analysis for deviceless GPU: every buffer moved at least once
+            bytes_dev = mem["argument_bytes"] + mem["output_bytes"] + 2 * mem["temp_bytes"]
+            source = "lower bound: arguments + outputs + 2 x temporaries (no XLA cost analysis for this target)"
         t_memory = (bytes_dev or 0.0) / target.hbm_bandwidth
         t = max(t_compute, t_memory)
-        out |= {"roofline_step_s": t, "roofline_bound": "compute" if t_compute >= t_memory else "memory",
+        out |= {"bytes_per_device": bytes_dev, "bytes_source": source, "roofline_step_s": t,
+                "roofline_bound": "compute" if t_compute >= t_memory else "memory",
                 "roofline_mfu": t_compute / t if t > 0 else None}
     total = stage_total_flops(cfg, stage, flops.total, prog)
     if total:
