@@ -119,7 +119,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
         loss = make_grpo_loss(temperature=rl.temperature, vocab_mask=vocab_mask, epsilon=rl.epsilon,
                               epsilon_high=rl.epsilon_high, beta=rl.beta, loss_agg_mode=rl.loss_agg_mode,
                               max_completion_length=rl.max_new_tokens)
-        prompt = _round_up(max(1, seq - rl.max_new_tokens), cfg.sampling.prompt_bucket)
+        prompt = _round_up(rl.max_prompt_tokens or max(1, seq - rl.max_new_tokens), cfg.sampling.prompt_bucket)
         seq = prompt + rl.max_new_tokens
         fields = {"tokens": ((seq,), jnp.int32), "attention_mask": ((seq,), jnp.int32),
                   "completion_mask": ((seq,), jnp.float32), "old_logps": ((seq,), jnp.float32),
@@ -188,7 +188,8 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     s_abs, _ = _state_abstract(state, mesh, rules)
     rl = cfg.rl
     b = rl.num_prompts * rl.group_size
-    prompt = _round_up(max(1, cfg.data.max_len - rl.max_new_tokens), cfg.sampling.prompt_bucket)
+    prompt = _round_up(rl.max_prompt_tokens or max(1, cfg.data.max_len - rl.max_new_tokens),
+                       cfg.sampling.prompt_bucket)
     cache_len = prompt + rl.max_new_tokens
     sampler = Sampler((graphdef, s_abs), mesh=mesh, rules=rules, prompt_bucket=cfg.sampling.prompt_bucket)
     _, decode = sampler._get_fns(b, cache_len, lat.total_vocab_size)

@@ -28,11 +28,10 @@ PAPER: dict[str, object] = {
     "train.rl.learning_rate": 1e-6, "train.rl.num_epochs": 1,
     "rl.group_size": 32, "rl.temperature": 1.0, "rl.inner_epochs": 4, "rl.beta": 1e-3,
     "rl.process_weight": 0.25, "rl.format_weight": 0.1, "rl.answer_weight": 1.0,
-    "rl.max_new_tokens": 256, "rl.max_latents": 256,
+    "rl.max_new_tokens": 256, "eval.max_new_tokens": 256,
     "data.max_len": 256, "data.max_cot_tokens": 2048, "data.dataset": "gsm8k_aug",
     "model.dtype": "bfloat16",
     "eval.seeds": 5, "eval.benchmarks": ["gsm8k", "gsm_hard", "svamp", "multiarith"],
-    "eval.max_latents": 256,
     # the real DeepEncoder V2: causal flow of Qwen2-0.5B shape, 896 wide (14 heads x 64)
     "codebook.flow_layers": 24, "codebook.flow_heads": 14, "codebook.flow_kv_heads": 2,
     "codebook.flow_head_dim": 64, "codebook.flow_mlp": 4864, "codebook.flow_hidden": 896,
@@ -66,6 +65,9 @@ def test_print_config_shows_every_paper_value(name):
     assert not wrong, f"{name}: (printed, paper) differ: {wrong}"
     # the SFT/RL split: GSM8K-Aug's 385,620 examples -> 300k SFT / 85k RL
     assert 385_620 - printed["data"]["rl_split"] == 300_000
+    # latent caps long enough for MATH (#L ~ 28-29 in the paper) with room for the answer span
+    for section in ("rl", "eval"):
+        assert 29 < printed[section]["max_latents"] <= printed[section]["max_new_tokens"] - 5
 
 
 @pytest.mark.parametrize("name", BACKBONES)
@@ -95,3 +97,12 @@ def test_stage_and_workdir_still_required_without_print_config(capsys):
     with pytest.raises(SystemExit):
         train.main(["--config", str(CONFIGS / "tiny.yaml")])
     assert "--stage and --workdir are required" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["paper/gsm8k", "paper/math", "qwen3-4b"])
+def test_recipe_passes_the_stages_own_checks(name):
+    from dlr_jax.stages import rl
+
+    cfg = load_config(CONFIGS / f"{name}.yaml")
+    rl._check(cfg)  # raises listing every inconsistent rl setting
+    assert cfg.rl.max_prompt_tokens + cfg.rl.max_new_tokens >= 2 * cfg.data.max_len  # prompts have a budget

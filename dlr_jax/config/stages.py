@@ -105,6 +105,8 @@ class RLConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
+    # prompts longer than this many tokens are left out of RL (counted); 0 = data.max_len - max_new_tokens
+    max_prompt_tokens: int = 0
     max_latents: int = 32  # `</latent>` forced after this many latents (0 = no cap)
     constrain_format: bool = False  # constrained decoding (makes R_fmt ~ 1 by construction)
     answer_weight: float = 1.0

@@ -275,7 +275,7 @@ def run(
     rules = cfg.mesh.rules
 
     prompts = [prompt_ids(tok, ex.question) for ex in examples]
-    room = cfg.data.max_len - rl.max_new_tokens
+    room = rl.max_prompt_tokens or cfg.data.max_len - rl.max_new_tokens
     keep = [i for i, p in enumerate(prompts) if len(p) <= room]
     if not keep:
         raise ValueError(f"no training prompt fits data.max_len={cfg.data.max_len} - rl.max_new_tokens="
