@@ -34,6 +34,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dlr_jax.config import Config, load_config
+from dlr_jax.plan_buffers import largest_values
 from dlr_jax.plan_flops import FlopCount, count_jaxpr
 from dlr_jax.plan_targets import TARGETS, Target, target_mesh
 from dlr_jax.sharding import MESH_AXES, logical_to_spec, parse_mesh_spec, state_shardings, use_mesh
@@ -312,6 +313,11 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         "flops_per_step": flops.total, "flops_per_device": per_dev_flops, "matmul_flops": flops.matmul,
         "loops_counted_once": flops.unknown_loops, **mem, **xla,
     }
+    try:
+        vocab = latent_lm_abstract(cfg)[1].total_vocab_size if stage != "codebook" else None
+        out["largest_values"] = largest_values(compiled.as_text(), k=8, vocab=vocab)
+    except Exception as e:  # noqa: BLE001 - itemising is a courtesy; the totals above stand without it
+        out["notes"].append(f"largest values not itemised: {type(e).__name__}")
     if target.platform == "cpu":
         out["notes"].append("CPU fake-device compile: a fallback, not a stand-in for GPU/TPU memory or speed")
     hbm = target.hbm_bytes
@@ -408,7 +414,7 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
 
 
 def format_plan(r: dict[str, Any]) -> str:
-    g = lambda b: f"{b / (1 << 30):.2f} GiB"  # noqa: E731
+    g = lambda b: f"{b / (1 << 30):.2f} GiB" if b >= 1 << 30 else f"{b / (1 << 20):.1f} MiB"  # noqa: E731
     lines = [f"plan: stage {r['stage']} on {r['devices']} x {r['device']} mesh {r['mesh']} remat={r['remat']} "
              f"grad_accum={r['grad_accum']}" + ("" if r["deviceless"] else " (CPU fallback)")]
     if "peak_bytes" in r:
@@ -427,6 +433,12 @@ def format_plan(r: dict[str, Any]) -> str:
         vs = f" (paper: {paper / 1e15:.0f} P)" if paper else ""
         lines.append(f"  whole stage: {r['stage_steps']:,} steps over {r['stage_examples']:,} examples = "
                      f"{r['stage_total_flops'] / 1e15:.0f} PFLOPs{vs}")
+    if r.get("largest_values"):
+        lines.append("  largest values (HLO, a buffer may hold several; * = vocabulary-sized):")
+        for v in r["largest_values"][:6]:
+            star = "*" if v["vocab_sized"] else " "
+            lines.append(f"   {star} {g(v['bytes']):>10} {v['dtype']}{v['shape']} {v['hlo_op']} x{v['count']}  "
+                         f"{v['op_name'][-60:]}")
     lines += [f"  note: {n}" for n in r.get("notes", [])]
     return "\n".join(lines)
 
