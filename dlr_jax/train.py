@@ -18,6 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, load_config
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
@@ -37,6 +38,8 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
 
         for m in ("cot", "direct") if mode == "both" else (mode,):
             textsft.run(cfg, workdir, m, num_steps=steps)
+            if preemption.requested():  # saved; start nothing else (exit code 143/130)
+                return
     elif stage == "align":
         from dlr_jax.stages import align
 
@@ -57,8 +60,10 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
         order = ["textsft", "align", "sft", "rl"]
         if cfg.latent.source == "codebook":
             order = ["codebook", "export", *order]
-        for s in order:
+        for s in order:  # a rerun resumes each stage from its checkpoints (finished ones are quick)
             run_stage(s, cfg, workdir, mode=mode, steps=None)
+            if preemption.requested():
+                return
     else:
         raise SystemExit(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
@@ -108,9 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    maybe_initialize_distributed()
-    run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-    return 0
+    with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
+        maybe_initialize_distributed()
+        run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+    code = preemption.exit_code()
+    if code:
+        print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "
+              "resume.", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":
