@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, load_config
+from dlr_jax.workdir import WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
@@ -86,6 +87,12 @@ def maybe_initialize_distributed() -> None:
     )
 
 
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.train",
@@ -115,7 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
-        run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+        try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
+            run = open_run(cfg, args.workdir, lock=_process_index() == 0)
+            run.__enter__()
+        except (WorkdirLocked, ConfigError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        try:
+            run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+        finally:
+            run.__exit__(None, None, None)
     code = preemption.exit_code()
     if code:
         print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "
