@@ -20,6 +20,8 @@ from pathlib import Path
 
 from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, load_config
+from dlr_jax.data.records import DataFormatError
+from dlr_jax.preflight import check_counts
 from dlr_jax.workdir import WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = resolve_config(args.config, args.workdir, args.overrides)
+        check_counts(cfg, args.steps)  # before anything is written (preflight.py)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -130,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+        except DataFormatError as e:  # file:line says it all; the stages read data before writing
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         finally:
             run.__exit__(None, None, None)
     code = preemption.exit_code()

@@ -261,8 +261,8 @@ def run(
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
     total = num_steps or tcfg.num_steps
+    examples = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
-    examples = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, examples)
     if rl.prompt_pool > 0:
         examples = examples[: rl.prompt_pool]
