@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -13,7 +17,7 @@ from flax import nnx
 
 from dlr_jax import preemption
 from dlr_jax.trainer import Trainer
-from tests.cli_micro import micro_yaml, run_cli
+from tests.cli_micro import ROOT, child_env, micro_yaml, run_cli
 from tests.test_trainer import TCFG, dataset, lm_loss, new_model, params_of
 
 
@@ -117,3 +121,31 @@ def test_sigint_in_textsft_both_exits_130_without_direct_sft(tmp_path):
     assert out.returncode == 130, out.stdout + out.stderr
     assert (w / "textsft_cot" / "checkpoints" / "1").is_dir()
     assert not (w / "textsft_direct").exists()
+
+
+_AGREE = """
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2, process_id=int(sys.argv[2]))
+from dlr_jax import preemption
+if jax.process_index() == 1:
+    preemption.request_stop()  # only process 1 got the signal
+alone = preemption.should_stop(sync=False)  # not a sync step: nobody stops alone
+agreed = preemption.should_stop(sync=True)
+print(json.dumps({"alone": alone, "agreed": agreed, "code": preemption.exit_code()}), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_processes_agree_on_the_stop():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", _AGREE, f"127.0.0.1:{port}", str(i)], cwd=ROOT,
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1]) == {"alone": False, "agreed": True, "code": 143}
