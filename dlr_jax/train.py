@@ -126,18 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
-            run = open_run(cfg, args.workdir, lock=_process_index() == 0)
-            run.__enter__()
-        except (WorkdirLocked, ConfigError) as e:
+            with open_run(cfg, args.workdir, lock=_process_index() == 0):
+                run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+        except (WorkdirLocked, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
             print(f"error: {e}", file=sys.stderr)
             return 2
-        try:
-            run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-        except DataFormatError as e:  # file:line says it all; the stages read data before writing
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        finally:
-            run.__exit__(None, None, None)
     code = preemption.exit_code()
     if code:
         print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "
