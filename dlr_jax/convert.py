@@ -379,6 +379,7 @@ def save_hf(
         if rule.ours not in params:
             continue
         x = _host(params[rule.ours].get_value()).astype(np.dtype(dtype))
+        check_finite(x, rule.ours, "the model to export")  # a NaN written out would load silently
         if rule.per_layer:
             tensors.update({hf_name(rule, fam, i): to_hf(rule.layout, x[i]) for i in range(x.shape[0])})
         else:

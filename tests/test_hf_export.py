@@ -166,3 +166,11 @@ def test_exported_latent_lm_generates_like_our_sampler(sft_workdir, tmp_path):
         assert hf_tok.decode(mine) == tok.decode(mine)  # <z_k> and boundary tokens print alike
     print(f"greedy outputs: {latent_seen} latent and {text_seen} text tokens")
     assert latent_seen > 0 and text_seen > 0, "outputs must visit latent and text rows for the test to check both"
+
+
+def test_to_hf_refuses_a_non_finite_parameter(tiny_hf, tmp_path):
+    _, model = convert.load_hf(tiny_hf[0])
+    cfg = model.cfg
+    model.final_norm.set_value(model.final_norm[...].at[0].set(np.inf))
+    with pytest.raises(ConversionError, match="tensor 'final_norm' has 1 non-finite value"):
+        convert.save_hf(model, cfg, tmp_path / "out")
