@@ -47,7 +47,7 @@ from dlr_jax.hf_config import (  # noqa: F401 (re-exported: the public conversio
     _supported,
     model_config_from_hf,
 )
-from dlr_jax.hf_export import check_finite, export_stage, prepare_out_dir
+from dlr_jax.hf_export import check_finite, export_stage, prepare_out_dir, unreadable
 from dlr_jax.models.transformer import Transformer
 from dlr_jax.sharding import logical_to_spec, make_mesh, parse_mesh_spec
 
@@ -150,8 +150,7 @@ def _tensor_index(hf_dir: Path) -> dict[str, Path]:
             with safe_open(str(file), framework="numpy") as h:
                 out.update({k: file for k in h.keys()})
         except Exception as e:  # safetensors raises its own error type on truncated/corrupt headers
-            raise ConversionError(f"{file}: not a readable safetensors file (truncated or corrupt?): "
-                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise unreadable(file, e) from None
     return out
 
 
@@ -194,15 +193,13 @@ class _Reader:
             try:
                 self.handles[file] = safe_open(str(file), framework="numpy")
             except Exception as e:
-                raise ConversionError(f"{file}: not a readable safetensors file (truncated or corrupt?): "
-                                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                raise unreadable(file, e) from None
         try:
             x = self.handles[file].get_tensor(name)
         except (TypeError, ValueError):
             x = read_raw(file, name)
         except Exception as e:
-            raise ConversionError(f"{file}: tensor {name!r} cannot be read (truncated file?): "
-                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise unreadable(file, e, name) from None
         check_finite(x, name, file)
         return x
 

@@ -67,6 +67,13 @@ def check_finite(x: np.ndarray, name: str, where: str | Path) -> None:
             raise ConversionError(f"{where}: tensor {name!r} has {bad} non-finite value(s) (NaN/Inf)")
 
 
+def unreadable(file: str | Path, e: Exception, name: str | None = None) -> ConversionError:
+    """One line for a safetensors file (or tensor) that cannot be read: usually a truncated copy."""
+    what = f"tensor {name!r} cannot be read" if name else "not a readable safetensors file"
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return ConversionError(f"{file}: {what} (truncated or corrupt?): {first}")
+
+
 # ------------------------------------------------------------------------------------------------
 # Tokenizer.
 

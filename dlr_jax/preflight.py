@@ -49,3 +49,14 @@ def check_counts(cfg: Config, steps: int | None = None) -> None:
         bad.append(f"--steps {steps}")
     if bad:
         raise ConfigError(f"these counts and intervals must be >= 1: {', '.join(bad)}")
+
+
+def check_train_config(cfg: TrainConfig, name: str, num_steps: int | None = None) -> None:
+    """Counts and intervals that must be positive; a clear error before anything compiles."""
+    bad = [f"{k}={getattr(cfg, k)}" for k in ("batch_size", "grad_accum", "log_every", "checkpoint_every")
+           if getattr(cfg, k) < 1]
+    steps = cfg.num_steps if num_steps is None else num_steps
+    if steps < 1:
+        bad.append(f"num_steps={steps}")
+    if bad:
+        raise ValueError(f"[{name}] must be >= 1: {', '.join(bad)}")

@@ -34,6 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dlr_jax import preemption
 from dlr_jax.config import TrainConfig
+from dlr_jax.preflight import check_train_config
 from dlr_jax.sharding import logical_to_spec, make_mesh, use_mesh
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, jax.Array, dict]]
@@ -408,17 +409,6 @@ class Trainer:
                 bar.close()
                 writer.close()
         return TrainResult(self.finalize(), self.step, preempted, history)
-
-
-def check_train_config(cfg: TrainConfig, name: str, num_steps: int | None = None) -> None:
-    """Counts and intervals that must be positive; a clear error before anything compiles."""
-    bad = [f"{k}={getattr(cfg, k)}" for k in ("batch_size", "grad_accum", "log_every", "checkpoint_every")
-           if getattr(cfg, k) < 1]
-    steps = cfg.num_steps if num_steps is None else num_steps
-    if steps < 1:
-        bad.append(f"num_steps={steps}")
-    if bad:
-        raise ValueError(f"[{name}] must be >= 1: {', '.join(bad)}")
 
 
 def profile_window_problem(prof: tuple[int, int], start: int, total: int) -> str | None:
