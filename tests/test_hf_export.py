@@ -126,6 +126,7 @@ def sft_workdir(tmp_path_factory):
     return cfg, w, tok
 
 
+@pytest.mark.slow
 def test_exported_latent_lm_generates_like_our_sampler(sft_workdir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
