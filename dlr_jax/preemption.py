@@ -17,6 +17,7 @@ checkpoint steps); every process then saves the same step.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -43,8 +44,11 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         return
     _signum = signum
     _requested.set()
-    print(f"[dlr_jax] {signal.Signals(signum).name}: saving at the next step boundary, then exiting "
-          f"with code {128 + signum} (a second signal kills at once)", flush=True)
+    # os.write, not print: a handler that prints while the main thread is inside a buffered write
+    # raises "reentrant call" RuntimeError.
+    msg = (f"[dlr_jax] {signal.Signals(signum).name}: saving at the next step boundary, then exiting "
+           f"with code {128 + signum} (a second signal kills at once)\n")
+    os.write(2, msg.encode())
 
 
 @contextmanager
