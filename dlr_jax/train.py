@@ -21,7 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, dump_config, load_config
+from dlr_jax.data.records import DataFormatError
+from dlr_jax.preflight import check_counts
+from dlr_jax.workdir import WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
@@ -40,6 +44,8 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
 
         for m in ("cot", "direct") if mode == "both" else (mode,):
             textsft.run(cfg, workdir, m, num_steps=steps)
+            if preemption.requested():  # saved; start nothing else (exit code 143/130)
+                return
     elif stage == "align":
         from dlr_jax.stages import align
 
@@ -60,8 +66,10 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
         order = ["textsft", "align", "sft", "rl"]
         if cfg.latent.source == "codebook":
             order = ["codebook", "export", *order]
-        for s in order:
+        for s in order:  # a rerun resumes each stage from its checkpoints (finished ones are quick)
             run_stage(s, cfg, workdir, mode=mode, steps=None)
+            if preemption.requested():
+                return
     else:
         raise SystemExit(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
@@ -85,6 +93,12 @@ def maybe_initialize_distributed() -> None:
         num_processes=int(os.environ["DLR_NUM_PROCESSES"]),
         process_id=int(os.environ["DLR_PROCESS_ID"]),
     )
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,15 +132,26 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides)
         else:
             cfg = resolve_config(args.config, args.workdir, args.overrides)
+        check_counts(cfg, args.steps)  # before anything is written (preflight.py)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.print_config:
         sys.stdout.write(dump_config(cfg))
         return 0
-    maybe_initialize_distributed()
-    run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-    return 0
+    with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
+        maybe_initialize_distributed()
+        try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
+            with open_run(cfg, args.workdir, lock=_process_index() == 0):
+                run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+        except (WorkdirLocked, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    code = preemption.exit_code()
+    if code:
+        print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "
+              "resume.", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from dlr_jax.config.stages import CodebookConfig, EvalConfig, LatentConfig, RLCo
 class RunConfig:
     seed: int = 0
     workdir: str = "runs/tiny"
+    # true: a rerun in an existing workdir may change safe keys (lr, steps, ...); see dlr_jax/workdir.py
+    allow_config_change: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -351,11 +351,11 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     `num_steps` (default codebook.train.num_steps) counts main-phase steps; the continuous warm-up's
     codebook.warmup_steps come on top."""
     cb, seed = cfg.codebook, cfg.run.seed
+    texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)  # inputs validate before any write
     common.prepare_workdir(cfg, workdir)
     out = common.stage_dir(workdir, STAGE)
     mesh = common.make_mesh_for(cfg)
     mcfg = model_config(cfg)
-    texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)
     if cb.eval_examples:
         held_out = held_out[: cb.eval_examples]
     plan = rp.BatchPlan(texts, batch_size=cb.train.batch_size, seed=seed, config=rp.render_config(cb),

@@ -132,8 +132,8 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     from dlr_jax.models.latent_lm import filter_for_stage
     from dlr_jax.trainer import Trainer
 
+    train = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
-    train = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, train)
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)

@@ -22,8 +22,8 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     if mode not in ("cot", "direct"):
         raise ValueError(f"textsft mode must be cot or direct, got {mode!r}")
     stage = f"textsft_{mode}"
+    train = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
-    train = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, train)
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)
