@@ -119,7 +119,22 @@ def test_paper_recipe_runs_every_stage_from_a_checkpoint(family, checkpoints, sh
     for bench in results.values() if isinstance(results, dict) else []:
         if isinstance(bench, dict) and "pass_at_1" in bench:
             assert 0.0 <= bench["pass_at_1"]["mean"] <= 1.0
-    # the trained policy still reads a pretrained row sensibly: finite logits over the whole vocabulary
+    # the final model exports with --to-hf and transformers reads it with our logits (every predictable row:
+    # text rows the tokenizer produces and the latent rows E_lat = P_in(C), W_lat = P_out(C))
+    import torch
+    import transformers
+
+    from dlr_jax import convert
+
     model, tok, _ = common.load_stage_model(w, "rl")
-    logits = np.asarray(model(np.asarray([[tok.eos_id, tok.latent_start_id, tok.latent_id(1), tok.pad_id]])))
-    assert np.isfinite(logits).all() and logits.shape[-1] == tok.total_vocab_size
+    out = tmp_path_factory.mktemp(f"hf_out_{family}")
+    convert.main(["--to-hf", "--from-workdir", str(w), "--stage", "rl", "--out", str(out), "--force"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    ids = np.asarray([[tok.eos_id, tok.latent_start_id, tok.latent_id(1), tok.latent_id(7), tok.latent_end_id,
+                       tok.answer_start_id, *tok.encode_plain("12"), tok.answer_end_id]])
+    ours = np.asarray(model(ids))
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(ids)).logits.float().numpy()
+    keep = model.vocab_mask()
+    assert np.isfinite(ours).all() and ours.shape[-1] == tok.total_vocab_size
+    np.testing.assert_allclose(theirs[..., keep], ours[..., keep], atol=1e-4, rtol=1e-4)
