@@ -67,3 +67,38 @@ def hf_logits(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
 
 def random_ids(vocab: int, shape: tuple[int, int] = (2, 24), seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, shape)
+
+
+def build_tiny_ocr2(*, seed: int = 0, image_size: int = 128) -> torch.nn.Module:
+    """A tiny random `DeepseekOcr2ForConditionalGeneration` (eval, eager attention): SAM as
+    tests/models/test_vision.TINY_VISION, a 2-layer causal flow (d_c = 32), a 3-layer text decoder
+    (dense, sparse, sparse; 8 experts, top-2, 2 shared, GQA). Every tensor is randomised, the MoE
+    router with std 1 so routing is far from uniform."""
+    import transformers as tf
+
+    sam = dict(hidden_size=32, output_channels=16, num_hidden_layers=4, num_attention_heads=2,
+               image_size=image_size, patch_size=16, global_attn_indexes=[1, 3], window_size=3, mlp_dim=64,
+               downsample_channels=[24, 32])
+    flow = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                vocab_size=16)
+    text = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                moe_intermediate_size=24, routed_scaling_factor=2.0, mlp_layer_types=["dense", "sparse", "sparse"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=512,
+                bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    cfg = tf.DeepseekOcr2Config(vision_config={"sam_config": sam, "encoder_config": flow}, text_config=text,
+                                image_token_id=150)
+    torch.manual_seed(seed)
+    model = tf.DeepseekOcr2ForConditionalGeneration._from_config(cfg, attn_implementation="eager")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(noise)
+            else:
+                p.copy_((0.1 if p.ndim > 1 else 0.2) * noise)
+    return model.eval()
