@@ -213,6 +213,15 @@ class CodebookConfig:
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(learning_rate=1e-4, batch_size=32, num_steps=2000)
     )
+    # Start from a pretrained DeepSeek-OCR-2 (issue 15; stages/codebook_ocr2.py): an HF deepseek_ocr2
+    # directory (config.json, safetensors, tokenizer.json). Its encoder, projector and MoE decoder are
+    # fine-tuned with the VQ inserted; the vit_*/flow_*/dec_* sizes above are then ignored, the
+    # decoder reads the checkpoint's tokens (max_text_len counts tokens) and latent.latent_dim must
+    # equal the VQ width. "" = train from scratch (character decoder).
+    init_from: str = ""
+    quantize_at: str = "flow"  # flow: after the causal flow (d_c, the paper) | projector (released code)
+    ocr2_prompt: str = "\nFree OCR."  # tokens between the image and the text (DeepSeek-OCR's plain OCR prompt)
+    router_aux_coef: float = 0.0  # x the decoder's MoE load-balancing loss (0 = off)
 
 
 @dataclasses.dataclass(frozen=True)

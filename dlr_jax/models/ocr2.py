@@ -86,12 +86,14 @@ class Ocr2Model(nnx.Module):
         self.view_separator = param(rngs, (D,), ("norm",), pd)
         self.text = Ocr2TextModel(cfg.text, rngs=rngs)
 
-    def flow_features(self, images: Float[Array, "b L L 3"]) -> Float[Array, "b nq dc"]:
-        """H, the causal-flow output for NHWC images: the paper's VQ point (d_c wide)."""
+    def flow_features(self, images: Float[Array, "b L L 3"], n_queries: int | None = None) -> Float[Array, "b n dc"]:
+        """H, the causal-flow output for NHWC images: the paper's VQ point (d_c wide). With
+        `n_queries` only the table's first rows run; by the causal mask on the query side those
+        outputs equal the first rows of a full-table run (the codebook stage takes n = nv)."""
         visual = self.encoder.vision(images)
         nv = visual.shape[1]
         table = self.query_small[...] if nv <= SMALL_TABLE else self.encoder.flow.query_pool[...]
-        return flow_with_table(self.encoder.flow, visual, table)
+        return flow_with_table(self.encoder.flow, visual, table if n_queries is None else table[:n_queries])
 
     def project(self, h: Float[Array, "b n dc"]) -> Float[Array, "b n D"]:
         dt = jnp.dtype(self.cfg.text.base.dtype)
