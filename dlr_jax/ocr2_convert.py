@@ -51,8 +51,12 @@ def _rope(d: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     return theta, (None if kind in ("default", None) else rp)
 
 
-def ocr2_config_from_hf(raw: Mapping[str, Any], *, dtype: str = "float32") -> Ocr2Config:
-    """config.json dict of a deepseek_ocr2 checkpoint -> Ocr2Config."""
+def ocr2_config_from_hf(
+    raw: Mapping[str, Any], *, dtype: str = "float32", compute_dtype: str | None = None, remat: str = "none"
+) -> Ocr2Config:
+    """config.json dict of a deepseek_ocr2 checkpoint -> Ocr2Config; `dtype` of the parameters,
+    `compute_dtype` of the activations (default: dtype), `remat` of every layer stack."""
+    cd = compute_dtype or dtype
     if raw.get("model_type") != MODEL_TYPE:
         raise ConversionError(f"model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
     t = dict(raw.get("text_config") or {})
@@ -69,7 +73,7 @@ def ocr2_config_from_hf(raw: Mapping[str, Any], *, dtype: str = "float32") -> Oc
         num_kv_heads=int(t.get("num_key_value_heads") or h), head_dim=d // h,
         rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=scaling,
         max_position_embeddings=int(t.get("max_position_embeddings", 2048)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)), dtype=dtype, param_dtype=dtype,
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)), dtype=cd, param_dtype=dtype, remat=remat,
         bos_token_id=t.get("bos_token_id", 1), eos_token_id=t.get("eos_token_id", 2),
         pad_token_id=t.get("pad_token_id"),
     )
@@ -79,7 +83,7 @@ def ocr2_config_from_hf(raw: Mapping[str, Any], *, dtype: str = "float32") -> Oc
         n_shared_experts=int(t.get("n_shared_experts") or 0),
         routed_scaling_factor=float(t.get("routed_scaling_factor", 1.0)),
         topk_method=t.get("topk_method") or "greedy", n_group=t.get("n_group"), topk_group=t.get("topk_group"),
-        norm_topk_prob=bool(t.get("norm_topk_prob", False)), dtype=dtype, param_dtype=dtype,
+        norm_topk_prob=bool(t.get("norm_topk_prob", False)), dtype=cd, param_dtype=dtype,
     )
     types = t.get("mlp_layer_types")
     if types is None:  # DeepSeek-V2 style: first_k_dense_replace dense layers, then sparse
@@ -94,7 +98,8 @@ def ocr2_config_from_hf(raw: Mapping[str, Any], *, dtype: str = "float32") -> Oc
         global_attn_indexes=tuple(sam.get("global_attn_indexes", (2, 5, 8, 11))),
         window_size=int(sam.get("window_size", 14)), qkv_bias=bool(sam.get("qkv_bias", True)),
         layer_norm_eps=float(sam.get("layer_norm_eps", 1e-6)), neck_channels=int(sam.get("output_channels", 256)),
-        compressor_channels=tuple(sam.get("downsample_channels") or (512, 896)), dtype=dtype, param_dtype=dtype,
+        compressor_channels=tuple(sam.get("downsample_channels") or (512, 896)), dtype=cd, param_dtype=dtype,
+        remat=remat,
     )
     fh, fheads = int(enc.get("hidden_size", 4096)), int(enc.get("num_attention_heads", 32))
     ftheta, _ = _rope(enc)
@@ -103,7 +108,7 @@ def ocr2_config_from_hf(raw: Mapping[str, Any], *, dtype: str = "float32") -> Oc
         num_layers=int(enc.get("num_hidden_layers", 32)), num_heads=fheads,
         num_kv_heads=int(enc.get("num_key_value_heads") or fheads), head_dim=fh // fheads,
         rms_norm_eps=float(enc.get("rms_norm_eps", 1e-6)), rope_theta=ftheta, num_queries=256,
-        dtype=dtype, param_dtype=dtype,
+        dtype=cd, param_dtype=dtype, remat=remat,
     )
     return Ocr2Config(Ocr2TextConfig(base, moe, tuple(types)), EncoderConfig(vision, flow),
                       image_token_id=int(raw.get("image_token_id", 128815)))
@@ -303,7 +308,8 @@ def _path_str(path: tuple[Any, ...]) -> str:
 
 
 def load_ocr2(
-    hf_dir: str | Path, *, mesh: Mesh | None = None, rules: str | Mapping = "fsdp", dtype: str | None = None
+    hf_dir: str | Path, *, mesh: Mesh | None = None, rules: str | Mapping = "fsdp", dtype: str | None = None,
+    compute_dtype: str | None = None, remat: str = "none",
 ) -> tuple[Ocr2Config, Ocr2Model]:
     """Imports a deepseek_ocr2 checkpoint directory; params land on `mesh` by their logical axes.
     Missing, unexpected or misshapen tensors raise ConversionError."""
@@ -311,7 +317,7 @@ def load_ocr2(
 
     hf_dir = Path(hf_dir)
     raw = json.loads((hf_dir / "config.json").read_text())
-    cfg = ocr2_config_from_hf(raw, dtype=dtype or "float32")
+    cfg = ocr2_config_from_hf(raw, dtype=dtype or "float32", compute_dtype=compute_dtype, remat=remat)
     sd = _Tensors(hf_dir)
     mesh = mesh or _default_mesh()
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Ocr2Model(cfg, rngs=nnx.Rngs(0))))

@@ -69,13 +69,15 @@ class Ocr2CodebookConfig:
 
         return {"kind": "ocr2", "ocr2": hf_config_dict(self.ocr2, self.ocr2.text.base.param_dtype),
                 "num_codes": self.num_codes, "sigma": self.sigma, "max_text_len": self.max_text_len,
-                "quantize_at": self.quantize_at, "prompt_ids": list(self.prompt_ids)}
+                "quantize_at": self.quantize_at, "prompt_ids": list(self.prompt_ids),
+                "compute_dtype": self.ocr2.text.base.dtype, "remat": self.ocr2.text.base.remat}
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Ocr2CodebookConfig:
         from dlr_jax.ocr2_convert import ocr2_config_from_hf
 
-        ocr2 = ocr2_config_from_hf(d["ocr2"], dtype=d["ocr2"].get("dtype") or "float32")
+        ocr2 = ocr2_config_from_hf(d["ocr2"], dtype=d["ocr2"].get("dtype") or "float32",
+                                   compute_dtype=d.get("compute_dtype"), remat=d.get("remat", "none"))
         return Ocr2CodebookConfig(ocr2, int(d["num_codes"]), float(d.get("sigma", 0.0)),
                                   int(d.get("max_text_len", 512)), d.get("quantize_at", "flow"),
                                   tuple(d.get("prompt_ids", ())))

@@ -51,7 +51,8 @@ def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
     from dlr_jax.ocr2_convert import load_ocr2
 
     cb = cfg.codebook
-    ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype)
+    ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype,
+                           compute_dtype=cb.dtype, remat=cb.remat)
     tok = load_tokenizer(cb.init_from)
     prompt = tuple(tok.encode(cb.ocr2_prompt, add_special_tokens=False).ids) if cb.ocr2_prompt else ()
     mcfg = Ocr2CodebookConfig(ocfg, cfg.latent.num_latents, cb.sigma, cb.max_text_len, cb.quantize_at, prompt)
