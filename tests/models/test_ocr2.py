@@ -84,3 +84,49 @@ def test_export_loads_in_transformers_with_equal_logits(pair, tmp_path):
     np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     for name, t in ref.state_dict().items():
         np.testing.assert_array_equal(back.state_dict()[name].numpy(), t.numpy(), err_msg=name)
+
+
+def test_import_onto_8_devices_shards_experts_and_matches_one_device(pair):
+    import jax
+
+    from dlr_jax.sharding import make_mesh, use_mesh
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    _, _, one, d = pair
+    mesh = make_mesh(1, 8, 1)
+    _, many = load_ocr2(d, mesh=mesh)
+    gate = many.text.moe.expert_gate[...]
+    assert gate.sharding.spec[1] == "fsdp" and gate.addressable_shards[0].data.shape[1] == 1  # 8 experts / 8
+    ids = _ids(8, 9, 3)
+    want = np.asarray(_text(one, jnp.asarray(ids)))
+    with use_mesh(mesh):
+        got = np.asarray(_text(many, jnp.asarray(ids)))
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+@nnx.jit
+def _enc_emb(m, imgs):
+    feats = m.encode(imgs)
+    return feats, m.image_embeddings(feats)
+
+
+@pytest.mark.slow
+def test_codebook_quantize_points(pair):
+    """quantize_at=flow: the VQ input is H (d_c) and the decoder's image embeddings of H are the
+    parity-tested ones; quantize_at=projector: the VQ input is the projector output (D wide)."""
+    from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig, Ocr2CodebookModel
+
+    _, cfg, ours, _ = pair
+    images = np.random.default_rng(4).integers(0, 256, (2, 128, 128), dtype=np.uint8)
+    x = jnp.repeat(jnp.asarray(images)[..., None], 3, -1).astype(jnp.float32) / 127.5 - 1.0  # normalize_images
+    nv = 4
+    full = np.asarray(nnx.jit(lambda m, x: m.image_embeddings(x))(ours, x))  # [2, 144 + 1, D]
+    for at, width in (("flow", cfg.d_c), ("projector", cfg.text.base.hidden_size)):
+        cb = Ocr2CodebookModel(Ocr2CodebookConfig(cfg, 16, quantize_at=at), rngs=nnx.Rngs(0))
+        cb.ocr2 = ours
+        feats, emb = _enc_emb(cb, jnp.asarray(images))
+        assert feats.shape == (2, nv, width) and cb.vq.codebook[...].shape == (16, width)
+        # The first nv query outputs equal the full-table run (causal queries), then the separator.
+        np.testing.assert_allclose(np.asarray(emb)[:, :nv], full[:, :nv], atol=TOL, rtol=0)
+        np.testing.assert_allclose(np.asarray(emb)[:, nv], full[:, -1], atol=TOL, rtol=0)
