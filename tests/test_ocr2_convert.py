@@ -10,7 +10,8 @@ from flax import nnx
 
 from dlr_jax.convert import load_hf, main
 from dlr_jax.models.ocr2 import Ocr2Model
-from dlr_jax.ocr2_convert import _Tensors, load_ocr2_orbax, to_disk_names
+from dlr_jax.ocr2_convert import load_ocr2_orbax
+from dlr_jax.ocr2_names import _Tensors, to_disk_names
 from tests.hf_fixtures import build_tiny_ocr2
 
 TOL = 1e-4
