@@ -236,11 +236,18 @@ def load_hf(
 ) -> tuple[ModelConfig, Transformer]:
     """Imports an HF checkpoint directory: `(config, model)`, `model(input_ids) -> logits [B, T, V]`.
 
+    A `deepseek_ocr2` checkpoint gives `(Ocr2Config, Ocr2Model)` instead (dlr_jax/ocr2_convert.py;
+    `overrides` do not apply), whose `model(input_ids, pixel_values=None)` is image-conditioned.
+
     `dtype` is the parameter dtype (default: ModelConfig.param_dtype, float32); `overrides` set other
     ModelConfig fields. Params land on `mesh` (default: one device) by their logical axes; each
     device receives only its shard. Missing, unexpected or misshapen tensors raise ConversionError.
     """
     hf_dir = Path(hf_dir)
+    from dlr_jax import ocr2_convert
+
+    if ocr2_convert.is_ocr2_dir(hf_dir):
+        return ocr2_convert.load_ocr2(hf_dir, mesh=mesh, rules=rules, dtype=dtype)
     if dtype is not None:
         overrides["param_dtype"] = dtype
     cfg = model_config_from_hf(hf_dir, **overrides)
@@ -471,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.convert",
         description="HF safetensors <-> Orbax checkpoints of the dlr_jax Transformer "
-        f"(model_type: {_supported()}; qwen3_vl imports the text tower, exports as qwen3).",
+        f"(model_type: {_supported()}, deepseek_ocr2; qwen3_vl imports the text tower, exports as qwen3).",
         epilog="examples:\n  python -m dlr_jax.convert --from-hf ~/hf/Llama-3.2-1B --out ckpt/llama1b\n"
         "  python -m dlr_jax.convert --to-hf --from-orbax ckpt/llama1b --out hf_out/",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -497,7 +504,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.to_hf == (args.from_hf is not None) or (args.to_hf and sources != 1):
         ap.error("use exactly one of: --from-hf DIR   or   --to-hf --from-orbax DIR   or   --to-hf --from-workdir W")
     mesh = make_mesh(**parse_mesh_spec(args.mesh))
+    from dlr_jax import ocr2_convert as o2
+
     try:
+        if o2.is_ocr2_dir(args.from_hf if args.from_hf is not None else args.from_orbax):
+            if args.from_hf is not None:
+                cfg2, m2 = o2.load_ocr2(args.from_hf, mesh=mesh, rules=args.rules, dtype=args.dtype)
+                out = o2.save_ocr2_orbax(m2, args.out, overwrite=args.force)
+            else:
+                cfg2, m2 = o2.load_ocr2_orbax(args.from_orbax, mesh=mesh, rules=args.rules)
+                out = o2.save_ocr2_hf(m2, args.out, dtype=args.dtype)
+            _copy_tokenizer(args.from_hf if args.from_hf is not None else args.from_orbax, out)
+            print(f"wrote {out} ({o2.MODEL_TYPE}, {cfg2.text.base.num_layers} layers, "
+                  f"hidden {cfg2.text.base.hidden_size})")
+            return
         if args.from_hf is not None:
             cfg, model = load_hf(args.from_hf, mesh=mesh, rules=args.rules, dtype=args.dtype)
             out = save_orbax(model, cfg, args.out, overwrite=args.force)

@@ -75,6 +75,11 @@ for _rules in (RULES["fsdp"], RULES["tp"]):
     _rules.update(
         dict.fromkeys(("conv_h", "conv_w", "conv_in", "conv_out", "pos_h", "pos_w", "rel_pos", "queries"))
     )
+# MoE (models/moe.py): experts are split over the FSDP axis (expert parallelism; the `embed` dim of
+# an expert matrix is then whole, as a mesh axis is used once per array), or over "tensor" under
+# pure TP. `moe_mlp` (an expert's hidden dim) takes "tensor" when the expert dim did not.
+RULES["fsdp"].update(expert="fsdp", moe_mlp="tensor")
+RULES["tp"].update(expert="tensor", moe_mlp="tensor")
 # TPU pods: same logical layout as GPU FSDP; the ICI topology makes "fsdp" the large axis.
 RULES["tpu"] = dict(RULES["fsdp"])
 

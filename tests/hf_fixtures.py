@@ -120,3 +120,65 @@ def save_tiny_checkpoint(family: str, out_dir: Path, *, vocab_size: int = 320, f
     model = build_tiny_hf(family, vocab_size=vocab_size, **overrides)
     model.save_pretrained(out_dir)
     return model
+
+
+def build_tiny_ocr2(*, seed: int = 0, image_size: int = 128, small: bool = False) -> torch.nn.Module:
+    """A tiny random `DeepseekOcr2ForConditionalGeneration` (eval, eager attention): SAM as
+    tests/models/test_vision.TINY_VISION, a 2-layer causal flow (d_c = 32), a 3-layer text decoder
+    (dense, sparse, sparse; 8 experts, top-2, 2 shared, GQA). Every tensor is randomised, the MoE
+    router with std 1 so routing is far from uniform. `small`: SAM 2 blocks, flow 1 layer, text 2
+    layers (dense, sparse), for end-to-end stage tests where compile time dominates."""
+    import transformers as tf
+
+    sam = dict(hidden_size=32, output_channels=16, num_hidden_layers=4, num_attention_heads=2,
+               image_size=image_size, patch_size=16, global_attn_indexes=[1, 3], window_size=3, mlp_dim=64,
+               downsample_channels=[24, 32])
+    flow = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                vocab_size=16)
+    text = dict(vocab_size=160, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                moe_intermediate_size=24, routed_scaling_factor=2.0, mlp_layer_types=["dense", "sparse", "sparse"],
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=512,
+                bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    if small:
+        sam |= dict(num_hidden_layers=2, global_attn_indexes=[1])
+        flow |= dict(num_hidden_layers=1)
+        text |= dict(num_hidden_layers=2, mlp_layer_types=["dense", "sparse"])
+    cfg = tf.DeepseekOcr2Config(vision_config={"sam_config": sam, "encoder_config": flow}, text_config=text,
+                                image_token_id=150)
+    torch.manual_seed(seed)
+    model = tf.DeepseekOcr2ForConditionalGeneration._from_config(cfg, attn_implementation="eager")
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith("mlp.gate.weight"):
+                p.copy_(noise)
+            else:
+                p.copy_((0.1 if p.ndim > 1 else 0.2) * noise)
+    return model.eval()
+
+
+def tiny_char_tokenizer():
+    """A `tokenizers` BPE without merges over printable ASCII + "\\n": <s> 0, </s> 1, <pad> 2, <unk> 3,
+    then one id per character (99 ids, below build_tiny_ocr2's image token 150)."""
+    import tokenizers
+    from tokenizers import decoders, models
+
+    chars = "\n" + "".join(chr(c) for c in range(32, 127))
+    vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "<unk>": 3} | {c: i + 4 for i, c in enumerate(chars)}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(["<s>", "</s>", "<pad>"])
+    return tok
+
+
+def save_tiny_ocr2(out_dir: Path, **kwargs: Any) -> torch.nn.Module:
+    """build_tiny_ocr2 saved with save_pretrained, plus tokenizer.json (tiny_char_tokenizer)."""
+    model = build_tiny_ocr2(**kwargs)
+    model.save_pretrained(out_dir)
+    tiny_char_tokenizer().save(str(Path(out_dir) / "tokenizer.json"))
+    return model

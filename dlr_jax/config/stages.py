@@ -224,6 +224,15 @@ class CodebookConfig:
     # dataset): the training plan's images are read from it instead of drawn every epoch; "" = render on
     # the fly. Its recorded render settings, seed and corpus must match this config (else an error).
     render_cache: str = ""
+    # Start from a pretrained DeepSeek-OCR-2 (issue 15; stages/codebook_ocr2.py): an HF deepseek_ocr2
+    # directory (config.json, safetensors, tokenizer.json). Its encoder, projector and MoE decoder are
+    # fine-tuned with the VQ inserted; the vit_*/flow_*/dec_* sizes above are then ignored, the
+    # decoder reads the checkpoint's tokens (max_text_len counts tokens) and latent.latent_dim must
+    # equal the VQ width. "" = train from scratch (character decoder).
+    init_from: str = ""
+    quantize_at: str = "flow"  # flow: after the causal flow (d_c, the paper) | projector (released code)
+    ocr2_prompt: str = "\nFree OCR."  # tokens between the image and the text (DeepSeek-OCR's plain OCR prompt)
+    router_aux_coef: float = 0.0  # x the decoder's MoE load-balancing loss (0 = off)
 
 
 @dataclasses.dataclass(frozen=True)

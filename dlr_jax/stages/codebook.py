@@ -323,9 +323,16 @@ def model_config(cfg: Config) -> CodebookModelConfig:
 
 
 def load_codebook_model(workdir: str | Path, mesh: Mesh | None = None) -> CodebookModel:
-    """The finished stage's model from <workdir>/codebook/final."""
+    """The finished stage's model from <workdir>/codebook/final (an `Ocr2CodebookModel` when the
+    stage started from a DeepSeek-OCR-2 checkpoint)."""
     d = common.final_dir(workdir, STAGE)
-    mcfg = CodebookModelConfig.from_dict(read_meta(d)["model"])
+    meta = read_meta(d)["model"]
+    if meta.get("kind") == "ocr2":
+        from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig, Ocr2CodebookModel
+
+        ocfg = Ocr2CodebookConfig.from_dict(meta)
+        return restore_params(lambda: Ocr2CodebookModel(ocfg, rngs=nnx.Rngs(0)), d, mesh)
+    mcfg = CodebookModelConfig.from_dict(meta)
     return restore_params(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(0)), d, mesh)
 
 
@@ -355,7 +362,14 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     common.prepare_workdir(cfg, workdir)
     out = common.stage_dir(workdir, STAGE)
     mesh = common.make_mesh_for(cfg)
-    mcfg = model_config(cfg)
+    tok = None
+    if cb.init_from:  # pretrained DeepSeek-OCR-2 (stages/codebook_ocr2.py)
+        from dlr_jax.stages import codebook_ocr2 as o2
+
+        model, tok = o2.build_model(cfg, mesh)
+        mcfg = model.cfg
+    else:
+        mcfg = model_config(cfg)
     if cb.eval_examples:
         held_out = held_out[: cb.eval_examples]
     plan = rp.BatchPlan(texts, batch_size=cb.train.batch_size, seed=seed, config=rp.render_config(cb),
@@ -385,7 +399,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
             return {"preempted": True, "phase": sub, "step": warmed.step}
         return warmed.model
 
-    model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
+    if tok is None:
+        model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
     if cb.warmup_steps > 0:
         warm_plan = plan
         if cb.warmup_piece_chars > 0:
@@ -402,6 +417,11 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         if isinstance(model, dict):
             return model
     loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
+    feed_it = data(0)
+    if tok is not None:
+        loss = functools.partial(o2.ocr2_codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta,
+                                 router_aux_coef=cb.router_aux_coef)
+        feed_it = o2.TokenTargets(feed_it, plan.texts, tok, cb.max_text_len, mcfg.eos_id)
     trainer = Trainer(model, loss, main_train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
     init_info: dict[str, Any] = {}
     if trainer.ckpt.latest_step() is None and cb.kmeans_init_batches > 0:
@@ -410,7 +430,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         _set_codebook(trainer, codebook)
         print(f"[codebook] k-means init from {init_info['features']} features in {time.perf_counter() - t0:.1f}s",
               flush=True)
-    feed = _AlphaFeed(data(0), trainer, alpha_steps)
+    feed = _AlphaFeed(feed_it, trainer, alpha_steps)
     refreshed = []
     if cb.dead_code_every <= 0:
         result = trainer.fit(feed, total)
@@ -437,7 +457,9 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         "plan": plan.stats.as_dict(), "init": init_info, "dead_code_refreshes": refreshed,
         "last_metrics": result.history[-1] if result.history else {},
     }
-    if held_out:
+    if held_out and tok is not None:
+        report["held_out"] = o2.held_out_report(model, held_out, cb, tok, seed=seed)
+    elif held_out:
         report["held_out"] = reconstruction_report(model, held_out, cb, seed=seed)
     sample = texts[: max(4 * cb.eval_examples, 1)]
     ids, _, enc_rate = encode_ids(model, sample, cb)

@@ -1,0 +1,175 @@
+"""DeepSeek-OCR-2's language model: a DeepSeek-V2-style MoE decoder with standard multi-head
+attention (transformers' `DeepseekOcr2TextModel` replaces DeepSeek-V2's MLA by Llama-style q/k/v/o
+projections and rotate-half RoPE; no biases), dense MLPs where `mlp_layer_types[i] == "dense"` and
+the MoE MLP of models/moe.py where it is "sparse".
+
+Attention weights are stacked over all layers; dense-MLP weights over the dense layers and MoE weights
+over the sparse layers. The forward scans each maximal run of same-type layers (the real model is one
+dense layer then 11 sparse ones: two scans), so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jaxtyping import Array, Bool, Float, Int
+
+from dlr_jax.config import ConfigError, ModelConfig
+from dlr_jax.models.moe import MoeConfig, MoeLayers, moe_forward
+from dlr_jax.models.transformer import (
+    LAYER_PARAM_AXES,
+    _remat,
+    apply_rope,
+    attention,
+    causal_mask,
+    default_segments_positions,
+    rms_norm,
+    rope_inv_freq,
+)
+from dlr_jax.models.transformer import _param as param
+from dlr_jax.sharding import constrain
+
+ATTN_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "o_proj", "mlp_norm")
+DENSE_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ocr2TextConfig:
+    """`base` holds the attention / dense-MLP / vocabulary shape (intermediate_size = dense MLP)."""
+
+    base: ModelConfig
+    moe: MoeConfig
+    mlp_layer_types: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mlp_layer_types", tuple(self.mlp_layer_types))
+        if len(self.mlp_layer_types) != self.base.num_layers:
+            raise ConfigError(f"mlp_layer_types has {len(self.mlp_layer_types)} entries for "
+                              f"{self.base.num_layers} layers")
+        if set(self.mlp_layer_types) - {"dense", "sparse"}:
+            raise ConfigError(f"mlp_layer_types entries must be dense|sparse: {self.mlp_layer_types}")
+        if self.moe.hidden_size != self.base.hidden_size:
+            raise ConfigError("moe.hidden_size must equal the decoder hidden_size")
+
+    @property
+    def runs(self) -> tuple[tuple[str, int, int, int], ...]:
+        """(type, first layer, end layer, index of the first layer within its type's stack)."""
+        out, start, seen = [], 0, {"dense": 0, "sparse": 0}
+        for kind, group in itertools.groupby(self.mlp_layer_types):
+            n = len(list(group))
+            out.append((kind, start, start + n, seen[kind]))
+            start, seen[kind] = start + n, seen[kind] + n
+        return tuple(out)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for t in self.mlp_layer_types if t == kind)
+
+
+def attention_block(
+    cfg: ModelConfig, p: dict[str, jax.Array], x: Float[Array, "b t d"], positions: Int[Array, "b t"],
+    mask: Bool[Array, "b t s"], inv_freq: jax.Array,
+) -> Float[Array, "b t d"]:
+    """x + o_proj(attn(rope(q), rope(k), v)) with pre-RMSNorm."""
+    dt = x.dtype
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, p["q_proj"].astype(dt))
+    k = jnp.einsum("btd,dhk->bthk", h, p["k_proj"].astype(dt))
+    v = jnp.einsum("btd,dhk->bthk", h, p["v_proj"].astype(dt))
+    q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "act_heads", None))
+    k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "act_kv_heads", None))
+    out = attention(q, k, v, mask, cfg.attention)
+    x = x + jnp.einsum("bthk,hkd->btd", out, p["o_proj"].astype(dt))
+    return constrain(x, ("batch", "length", "act_embed"))
+
+
+def dense_mlp(p: dict[str, jax.Array], h: Float[Array, "b t d"]) -> Float[Array, "b t d"]:
+    dt = h.dtype
+    g = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
+    u = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
+    act = constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"))
+    return jnp.einsum("btf,fd->btd", act, p["down_proj"].astype(dt))
+
+
+class Ocr2TextModel(nnx.Module):
+    """`model(input_ids) -> logits [b, t, V]`; `trunk(embeds, ...)` for merged image embeddings."""
+
+    def __init__(self, cfg: Ocr2TextConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        b = cfg.base
+        L, d, h, kv, hd, f = b.num_layers, b.hidden_size, b.num_heads, b.num_kv_heads, b.head_dim, b.intermediate_size
+        pd = jnp.dtype(b.param_dtype)
+        self.embed = param(rngs, (b.vocab_size, d), ("vocab", "embed"), pd)
+        attn = {"attn_norm": ((L, d), "ones"), "q_proj": ((L, d, h, hd), "normal"),
+                "k_proj": ((L, d, kv, hd), "normal"), "v_proj": ((L, d, kv, hd), "normal"),
+                "o_proj": ((L, h, hd, d), "normal"), "mlp_norm": ((L, d), "ones")}
+        for name, (shape, init) in attn.items():
+            setattr(self, name, param(rngs, shape, LAYER_PARAM_AXES[name], pd, init))
+        nd = cfg.count("dense")
+        dense = {"gate_proj": (nd, d, f), "up_proj": (nd, d, f), "down_proj": (nd, f, d)}
+        for name, shape in dense.items():
+            setattr(self, name, param(rngs, shape, LAYER_PARAM_AXES[name], pd))
+        self.moe = MoeLayers(cfg.moe, cfg.count("sparse"), rngs=rngs)
+        self.final_norm = param(rngs, (d,), ("norm",), pd, "ones")
+        if not b.tie_embeddings:
+            self.lm_head = param(rngs, (d, b.vocab_size), ("embed", "vocab"), pd)
+
+    def embed_tokens(self, input_ids: Int[Array, "b t"]) -> Float[Array, "b t d"]:
+        table = constrain(self.embed[...], (None, None))
+        x = jnp.take(table, input_ids, axis=0).astype(jnp.dtype(self.cfg.base.dtype))
+        return constrain(x, ("batch", "length", "act_embed"))
+
+    def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
+        w = self.embed[...].T if self.cfg.base.tie_embeddings else self.lm_head[...]
+        logits = jnp.einsum("btd,dv->btv", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+        return constrain(logits, ("batch", "length", "act_vocab"))
+
+    def trunk(
+        self, x: Float[Array, "b t d"], positions: Int[Array, "b t"], mask: Bool[Array, "b t s"]
+    ) -> tuple[Float[Array, "b t d"], Float[Array, ""]]:
+        """Final-normed hidden states and the mean MoE load-balancing loss over sparse layers."""
+        cfg, b = self.cfg, self.cfg.base
+        inv_freq = rope_inv_freq(b)
+        attn = {n: getattr(self, n)[...] for n in ATTN_NAMES}
+        dense = {n: getattr(self, n)[...] for n in DENSE_NAMES}
+        moe = self.moe.arrays()
+        aux = jnp.zeros((), jnp.float32)
+        for kind, start, end, off in cfg.runs:
+            mlp_p = dense if kind == "dense" else moe
+            xs = ({n: a[start:end] for n, a in attn.items()}, {n: a[off:off + end - start] for n, a in mlp_p.items()})
+
+            def body(carry, ps, kind=kind):
+                y, acc = carry
+                pa, pm = ps
+                y = attention_block(b, pa, y, positions, mask, inv_freq)
+                h = rms_norm(y, pa["mlp_norm"], b.rms_norm_eps)
+                if kind == "dense":
+                    out, lb = dense_mlp(pm, h), jnp.zeros((), jnp.float32)
+                else:
+                    out, lb = moe_forward(cfg.moe, pm, h)
+                y = constrain(y + out, ("batch", "length", "act_embed"))
+                return (y, acc + lb), None
+
+            (x, aux), _ = jax.lax.scan(_remat(body, b.remat), (x, aux), xs)
+        n_sparse = max(cfg.count("sparse"), 1)
+        return rms_norm(x, self.final_norm[...], b.rms_norm_eps), aux / n_sparse
+
+    def hidden_states(
+        self,
+        input_ids: Int[Array, "b t"],
+        *,
+        inputs_embeds: Float[Array, "b t d"] | None = None,
+        attention_mask: Int[Array, "b t"] | None = None,
+        segment_ids: Int[Array, "b t"] | None = None,
+        positions: Int[Array, "b t"] | None = None,
+    ) -> tuple[Float[Array, "b t d"], Float[Array, ""]]:
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        segment_ids, positions = default_segments_positions(input_ids.shape, segment_ids, attention_mask, positions)
+        return self.trunk(x, positions, causal_mask(segment_ids))
+
+    def __call__(self, input_ids: Int[Array, "b t"], **kw) -> Float[Array, "b t v"]:
+        h, _ = self.hidden_states(input_ids, **kw)
+        return self.logits_from_hidden(h)
