@@ -340,6 +340,11 @@ def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = No
     """The frozen OCR decoder as a `process_reward.LatentDecoder`, or None before this stage ran."""
     if not (common.final_dir(workdir, STAGE) / "meta.json").is_file():
         return None
+    if read_meta(common.final_dir(workdir, STAGE))["model"].get("kind") == "ocr2":
+        # LatentDecoder greedy-decodes the character decoder; an OCR-2 decoder has no cached decoding yet
+        print(f"[codebook] {common.final_dir(workdir, STAGE)} is a DeepSeek-OCR-2 codebook: no latent decoder for "
+              "the process reward yet", flush=True)
+        return None
     return load_decoder(workdir, mesh=mesh, batch_size=cfg.codebook.eval_batch_size)
 
 

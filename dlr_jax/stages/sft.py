@@ -140,7 +140,17 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
             f"the sft dual branch (latent.dual_branch={mode}, decoder in {cb_dir}) needs one example per row: "
             "set data.pack=false, or latent.dual_branch=off"
         )
-    dcfg = CodebookModelConfig.from_dict(read_meta(cb_dir)["model"])
+    meta = read_meta(cb_dir)["model"]
+    if meta.get("kind") == "ocr2":  # the branch trains the from-scratch character decoder (models/dual_branch.py)
+        if mode == "auto":
+            print(f"[sft] dual branch off: {cb_dir} is a DeepSeek-OCR-2 codebook (the branch needs the character "
+                  "OCR decoder)", flush=True)
+            return None
+        raise ValueError(
+            f"{cb_dir}: latent.dual_branch=on trains the character OCR decoder, but this codebook stage fine-tuned "
+            "DeepSeek-OCR-2 (codebook.init_from); set latent.dual_branch=off (or auto)"
+        )
+    dcfg = CodebookModelConfig.from_dict(meta)
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout))
 
 
