@@ -93,3 +93,21 @@ def token_stats(
     outs = jax.lax.map(one, (hs, ts))
     back = [o.swapaxes(0, 1).reshape(b, n * chunk)[:, :t] for o in outs]
     return TokenStats(back[0], back[1], back[2] if entropy else None)
+
+
+class _Precomputed:
+    """Stands in for a model whose "hidden states" are already its logits."""
+
+    def logits_from_hidden(self, h: jax.Array) -> jax.Array:
+        return h
+
+
+def next_token_stats(model: Any, tokens: Int[Array, "b t"], forward: dict[str, Any], **kwargs: Any) -> TokenStats:
+    """`token_stats` of tokens[:, 1:] after tokens[:, :-1], the model called with `forward` keyword
+    arguments: over chunks when it exposes `hidden_states` + `logits_from_hidden` (Transformer,
+    LatentLM), else from its full logits (any `model(tokens, **forward) -> logits`)."""
+    if hasattr(model, "hidden_states") and hasattr(model, "logits_from_hidden"):
+        h = model.hidden_states(tokens, **forward)[:, :-1]
+        return token_stats(model, h, tokens[:, 1:], **kwargs)
+    logits = model(tokens, **forward)[:, :-1]
+    return token_stats(_Precomputed(), logits, tokens[:, 1:], **{**kwargs, "chunk": logits.shape[1]})

@@ -184,16 +184,15 @@ def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], rng: jax.Array, voca
     target predicted from tokens < t within the same segment. chunk: positions per logits chunk
     (`models.vocab_chunks.token_stats`; None = from its memory budget).
     """
-    from dlr_jax.models.vocab_chunks import token_stats
+    from dlr_jax.models.vocab_chunks import next_token_stats
 
     del rng
     tokens, seg = batch["tokens"], batch["segment_ids"]
     # Over sequence chunks (models/vocab_chunks.py): no [b, t, vocab] fp32 logits at scale.
-    h = model.hidden_states(tokens, positions=batch["positions"], segment_ids=seg)[:, :-1]
-    targets = tokens[:, 1:]
+    stats = next_token_stats(model, tokens, {"positions": batch["positions"], "segment_ids": seg},
+                             vocab_mask=vocab_mask, fill=-1e9, chunk=chunk)
     mask = (batch["loss_mask"][:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
     mask = mask.astype(jnp.float32)
-    stats = token_stats(model, h, targets, vocab_mask=vocab_mask, fill=-1e9, chunk=chunk)
     nll, correct = -stats.logp, stats.correct
     total = jnp.sum(nll * mask)
     return total, jnp.sum(mask), {"token_accuracy": jnp.sum(correct * mask)}

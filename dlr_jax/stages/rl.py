@@ -85,14 +85,13 @@ def policy_logprobs(
     """Teacher-forced `log_softmax(masked_logits / T)[token]` and the entropy of that distribution,
     both [b, t] aligned with `tokens` (0 where t or t-1 is padding) — the numbers `Sampler.score`
     and the sampler report, so ratios start at 1."""
-    from dlr_jax.models.vocab_chunks import token_stats
+    from dlr_jax.models.vocab_chunks import next_token_stats
 
     mask = attention_mask.astype(jnp.int32)
     # Over sequence chunks (models/vocab_chunks.py): no [b, s, vocab] fp32 logits; the entropy is
     # only reported (no gradient).
-    h = model.hidden_states(tokens, attention_mask=mask)[:, :-1]
-    stats = token_stats(model, h, tokens[:, 1:], vocab_mask=vocab_mask, temperature=temperature, entropy=True,
-                        chunk=chunk)
+    stats = next_token_stats(model, tokens, {"attention_mask": mask}, vocab_mask=vocab_mask, temperature=temperature,
+                             entropy=True, chunk=chunk)
     lp, ent = stats.logp, stats.entropy
     ok = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
     pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), jnp.where(ok, x, 0.0)], axis=1)
