@@ -13,6 +13,8 @@
   on the config's codebook networks and real GSM8K-Aug CoTs (dlr_jax/bench_codebook.py).
 - `rl`: rollout tokens/s and the time split of one latent-GRPO step, by `dlr_jax.stages.rl.run`'s
   own `time/*` metrics (dlr_jax/bench_rl.py).
+- `render_cache`: codebook batches images/s read from a rendered corpus (`dlr_jax.data.render_corpus`)
+  vs drawn on the fly, at the tiny config's canvas and at 1024 px (dlr_jax/bench_render_cache.py).
 
 Both sides of every ratio are measured in the same process, interleaved repeat by repeat, so a
 busy shared machine slows them alike; the medians are reported. Each benchmark rewrites only the
@@ -73,7 +75,7 @@ SIZES: dict[str, Size] = {
     "small": Size(hidden=256, layers=4, heads=4, kv_heads=2, mlp=768, vocab=4096),
     "medium": Size(hidden=512, layers=8, heads=8, kv_heads=4, mlp=1536, vocab=8192),
 }
-BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl")
+BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -491,9 +493,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
     ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
-    from dlr_jax import bench_codebook, bench_rl, bench_train  # they import this module: loaded here
+    from dlr_jax import bench_codebook, bench_render_cache, bench_rl, bench_train  # they import this module
 
-    sections = {"train": bench_train, "codebook": bench_codebook, "rl": bench_rl}
+    sections = {"train": bench_train, "codebook": bench_codebook, "rl": bench_rl, "render_cache": bench_render_cache}
     for mod in sections.values():
         mod.add_arguments(ap)
     args = ap.parse_args(argv)

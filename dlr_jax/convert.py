@@ -17,7 +17,8 @@ transformers layout; a qwen3_vl model is written as a text-only Qwen3 checkpoint
 
 CLI:
     python -m dlr_jax.convert --from-hf HF_DIR --out ORBAX_DIR [--mesh data=1,fsdp=8,tensor=1]
-    python -m dlr_jax.convert --to-hf --from-orbax ORBAX_DIR --out HF_DIR
+    python -m dlr_jax.convert --to-hf --from-orbax ORBAX_DIR --out HF_DIR [--force]
+    python -m dlr_jax.convert --to-hf --from-workdir W --stage sft|rl --out HF_DIR   (dlr_jax/hf_export.py)
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from dlr_jax.hf_config import (  # noqa: F401 (re-exported: the public conversio
     _supported,
     model_config_from_hf,
 )
+from dlr_jax.hf_export import check_finite, export_stage, prepare_out_dir, unreadable
 from dlr_jax.models.transformer import Transformer
 from dlr_jax.sharding import logical_to_spec, make_mesh, parse_mesh_spec
 
@@ -144,8 +146,11 @@ def _tensor_index(hf_dir: Path) -> dict[str, Path]:
         raise ConversionError(f"{hf_dir}: no *.safetensors files and no model.safetensors.index.json")
     out: dict[str, Path] = {}
     for file in files:
-        with safe_open(str(file), framework="numpy") as h:
-            out.update({k: file for k in h.keys()})
+        try:
+            with safe_open(str(file), framework="numpy") as h:
+                out.update({k: file for k in h.keys()})
+        except Exception as e:  # safetensors raises its own error type on truncated/corrupt headers
+            raise unreadable(file, e) from None
     return out
 
 
@@ -167,6 +172,9 @@ def read_raw(file: Path, name: str) -> np.ndarray:
         start, end = meta["data_offsets"]
         fh.seek(8 + n + start)
         buf = fh.read(end - start)
+    if len(buf) != end - start:
+        raise ConversionError(f"{file}: tensor {name!r} is cut short ({len(buf)} of {end - start} bytes): "
+                              "truncated file")
     return np.frombuffer(buf, dtype=np.dtype(_ST_DTYPES[meta["dtype"]])).reshape(meta["shape"])
 
 
@@ -182,11 +190,18 @@ class _Reader:
         if file not in self.handles:
             if not file.is_file():
                 raise ConversionError(f"{file}: listed in the index for {name!r} but not found")
-            self.handles[file] = safe_open(str(file), framework="numpy")
+            try:
+                self.handles[file] = safe_open(str(file), framework="numpy")
+            except Exception as e:
+                raise unreadable(file, e) from None
         try:
-            return self.handles[file].get_tensor(name)
+            x = self.handles[file].get_tensor(name)
         except (TypeError, ValueError):
-            return read_raw(file, name)
+            x = read_raw(file, name)
+        except Exception as e:
+            raise unreadable(file, e, name) from None
+        check_finite(x, name, file)
+        return x
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,6 +376,7 @@ def save_hf(
         if rule.ours not in params:
             continue
         x = _host(params[rule.ours].get_value()).astype(np.dtype(dtype))
+        check_finite(x, rule.ours, "the model to export")  # a NaN written out would load silently
         if rule.per_layer:
             tensors.update({hf_name(rule, fam, i): to_hf(rule.layout, x[i]) for i in range(x.shape[0])})
         else:
@@ -471,18 +487,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--rules", default="fsdp", help="logical-axis rules profile (fsdp | tp | tpu)")
     ap.add_argument("--dtype", default=None, help="parameter dtype to store (default: float32 on import, "
                     "the checkpoint's own on export)")
-    ap.add_argument("--force", action="store_true", help="overwrite an existing Orbax checkpoint")
+    ap.add_argument("--from-workdir", type=Path, metavar="DIR",
+                    help="with --to-hf: a training workdir; exports --stage's final model (latent rows included)")
+    ap.add_argument("--stage", default="sft", help="with --from-workdir: sft | rl | align | textsft_cot | ...")
+    ap.add_argument("--force", action="store_true",
+                    help="overwrite an existing Orbax checkpoint, or (--to-hf) replace a non-empty --out")
     args = ap.parse_args(argv)
-    if args.to_hf == (args.from_hf is not None) or (args.to_hf and args.from_orbax is None):
-        ap.error("use exactly one of: --from-hf DIR   or   --to-hf --from-orbax DIR")
+    sources = (args.from_orbax is not None) + (args.from_workdir is not None)
+    if args.to_hf == (args.from_hf is not None) or (args.to_hf and sources != 1):
+        ap.error("use exactly one of: --from-hf DIR   or   --to-hf --from-orbax DIR   or   --to-hf --from-workdir W")
     mesh = make_mesh(**parse_mesh_spec(args.mesh))
     try:
         if args.from_hf is not None:
             cfg, model = load_hf(args.from_hf, mesh=mesh, rules=args.rules, dtype=args.dtype)
             out = save_orbax(model, cfg, args.out, overwrite=args.force)
             _copy_tokenizer(args.from_hf, out)
+        elif args.from_workdir is not None:
+            out = export_stage(args.from_workdir, args.stage, args.out, force=args.force, dtype=args.dtype)
+            print(f"wrote {out} (stage {args.stage} of {args.from_workdir})")
+            return
         else:
             cfg, model = load_orbax(args.from_orbax, mesh=mesh, rules=args.rules)
+            prepare_out_dir(args.out, force=args.force)
             out = save_hf(model, cfg, args.out, dtype=args.dtype)
             _copy_tokenizer(args.from_orbax, out)
     except ConversionError as e:

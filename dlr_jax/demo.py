@@ -129,7 +129,7 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
         res = evaluate(workdir, stage, benchmarks=list(cfg.eval.benchmarks), progress=False)
         for bench, r in res["benchmarks"].items():
             rows.append({"method": label, "stage": stage, "benchmark": bench, "n": r["n"],
-                         "pass_at_1": r["pass_at_1"]["mean"], "n_latents": r["n_latents"]["mean"],
+                         "pass_at_1": r["pass_at_1"]["mean"], "L": r["L"]["mean"],
                          "gen_tokens": r["gen_tokens"]["mean"]})
     for k, v in timings.items():
         print(f"   {k}: {v:.0f}s")
@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'method':<12} {'benchmark':<12} {'n':>5} {'Pass@1':>8} {'#L':>6} {'gen tokens':>11}")
     for r in rows:
         print(f"{r['method']:<12} {r['benchmark']:<12} {r['n']:>5} {100 * r['pass_at_1']:>7.1f}% "
-              f"{r['n_latents']:>6.2f} {r['gen_tokens']:>11.1f}")
-    print("#L = generated latent tokens (boundaries not counted); gen tokens = all generated tokens "
-          "(for CoT-SFT mostly the text chain of thought).")
+              f"{r['L']:>6.2f} {r['gen_tokens']:>11.1f}")
+    print("#L = the reasoning length as the paper counts it: latent tokens for DLR (boundaries not counted), "
+          "CoT tokens before <answer> for CoT-SFT, 0 for Direct-SFT; gen tokens = all generated tokens.")
     return 0
 
 

@@ -24,12 +24,14 @@ with repeats of its last prompt), prompt blocks are left-padded to a multiple of
 compiled shapes are reused across batches (one prefill + one decode variant per bucket).
 
 Seeds and statistics. Pass@1 = accuracy of one generation per problem (a fraction in [0, 1];
-tables print %). #L = mean number of generated latent tokens per problem (boundary tokens not
-counted). Each seed is one full pass; a metric is reported as mean and std over the per-seed values
+tables print %). #L = the reasoning length as the paper counts it: generated latent tokens per problem
+in latent mode (boundary tokens not counted; also reported as `n_latents`), generated CoT tokens
+before `<answer>` in cot mode, 0 in direct mode.
+Each seed is one full pass; a metric is reported as mean and std over the per-seed values
 (population std, ddof=0) plus the per-seed list. With temperature > 0 seed s samples with PRNG seed
 s. Greedy decoding does not depend on the seed, so greedy evaluation runs once, records
 `greedy_single_run: true`, and its std is 0: the paper's 5-seed spread for greedy decoding comes
-from training seeds (evaluate each run's workdir and combine), or from sampling.
+from training seeds (evaluate each run's workdir, then `--aggregate W1 W2 ...`), or from sampling.
 
 MultiArith: the full 600 problems, and also the 180-problem test split of Ho et al.
 (`load_benchmark("multiarith", split="test")`) reported as the subset `test_180`.
@@ -103,7 +105,7 @@ def summarise(samples: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dic
     if any(not rows for rows in per):
         raise ValueError("every seed needs at least one sample")
     out["n"] = len(per[0])
-    fields = [("pass_at_1", "correct"), ("n_latents", "n_latents"), ("gen_tokens", "gen_tokens"),
+    fields = [("pass_at_1", "correct"), ("L", "L"), ("n_latents", "n_latents"), ("gen_tokens", "gen_tokens"),
               ("finished", "finished")]
     if "format_ok" in per[0][0]:
         fields.append(("format_ok", "format_ok"))
@@ -222,7 +224,7 @@ def _score_one(tok: Tokenizer, ex: Example, benchmark: str, gen: np.ndarray, fin
     row = {
         "id": ex.id, "seed": seed, "question": ex.question, "gold": ex.answer, "prediction": parsed.text,
         "answer": pred, "correct": bool(is_correct(pred, ex.answer, benchmark)),
-        "n_latents": parsed.n_latents,
+        "n_latents": parsed.n_latents, "L": reasoning_length(tok, gen, mode, parsed.n_latents),
         "latent_codes": parsed.codes, "gen_tokens": int(gen.shape[0]), "finished": finished,
     }
     if mode == "latent":
@@ -231,6 +233,18 @@ def _score_one(tok: Tokenizer, ex: Example, benchmark: str, gen: np.ndarray, fin
             answer_start_id=tok.answer_start_id, answer_end_id=tok.answer_end_id,
             is_latent=(tok.latent_offset, tok.num_latents)))
     return row
+
+
+def reasoning_length(tok: Tokenizer, gen: np.ndarray, mode: str, n_latents: int) -> int:
+    """#L of one generation: latents (latent mode), CoT tokens before `<answer>` (cot), 0 (direct)."""
+    if mode == "latent":
+        return int(n_latents)
+    if mode == "direct":
+        return 0
+    gen = np.asarray(gen)
+    hits = np.flatnonzero(gen == tok.answer_start_id)
+    end = int(hits[0]) if hits.size else int(np.sum(~np.isin(gen, [tok.eos_id, tok.pad_id])))
+    return end
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,7 +355,7 @@ def format_table(results: Mapping[str, Any]) -> str:
     lines = [head, "-" * len(head)]
 
     def row(name: str, m: Mapping[str, Any], mode: str) -> str:
-        p, nl = m["pass_at_1"], m["n_latents"]
+        p, nl = m["pass_at_1"], m.get("L", m["n_latents"])
         return (f"{name:<24} {mode:<7} {m['n']:>6}  {100 * p['mean']:>7.2f} ± {100 * p['std']:<5.2f}  "
                 f"{nl['mean']:>6.2f} ± {nl['std']:<4.2f}  {m['gen_tokens']['mean']:>8.1f}")
 
@@ -438,7 +452,11 @@ def build_parser() -> argparse.ArgumentParser:
         "seeds; greedy decoding runs once. Latent mode is constrained decoding unless "
         "--no-constrain-format (see the dlr_jax/evaluate.py docstring).",
     )
-    p.add_argument("--workdir", required=True, help="the training workdir")
+    p.add_argument("--workdir", help="the training workdir (required unless --aggregate)")
+    p.add_argument("--aggregate", nargs="+", metavar="WORKDIR",
+                   help="combine the results.json of these workdirs (e.g. 5 training seeds) into mean ± std "
+                   "per benchmark; with --stage, --tag and --out (see dlr_jax/eval_aggregate.py)")
+    p.add_argument("--out", help="with --aggregate: also write the combined JSON here")
     p.add_argument("--stage", required=True,
                    help="stage to evaluate: textsft_cot, textsft_direct, align, sft or rl")
     p.add_argument("--benchmarks", help="comma-separated benchmark names (default: eval.benchmarks)")
@@ -463,10 +481,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.aggregate:
+        from dlr_jax.eval_aggregate import aggregate, format_aggregate
+
+        agg = aggregate(a.aggregate, a.stage, tag=a.tag)
+        if a.out:
+            Path(a.out).write_text(json.dumps(agg, indent=2) + "\n")
+        print(format_aggregate(agg), flush=True)
+        return agg
     from dlr_jax.train import maybe_initialize_distributed
 
     maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
+    if not a.workdir:
+        parser.error("--workdir is required (or --aggregate W1 W2 ...)")
     results = evaluate(
         a.workdir, a.stage,
         benchmarks=None if a.benchmarks is None else [b for b in a.benchmarks.split(",") if b],

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
@@ -75,3 +76,22 @@ def eval_vocab_mask(tok: Tokenizer, vocab: int, mode: str, constrain: bool) -> n
         mask[tok.latent_offset : tok.latent_offset + tok.num_latents] = False
         mask[[tok.latent_start_id, tok.latent_end_id]] = False
     return mask
+
+
+def _forced(tokens: Int[Array, "b n"], lengths: Int[Array, " b"], aux: Mapping[str, Any],
+            vocab_mask: Any) -> Any:
+    vm = jnp.asarray(vocab_mask, bool)
+    zeros = jnp.zeros((tokens.shape[0], vm.shape[0]), jnp.float32)
+
+    def at(step: jax.Array) -> jax.Array:
+        allowed = jnp.isfinite(latent_phase_processor(zeros, tokens, step, aux)) & vm
+        return jnp.sum(allowed, axis=-1) == 1
+
+    forced = jax.lax.map(at, jnp.arange(tokens.shape[1])).T  # one [b, v] row of choices at a time
+    return forced & (jnp.arange(tokens.shape[1])[None, :] < lengths[:, None])
+
+
+forced_tokens = jax.jit(_forced)
+forced_tokens.__doc__ = """Bool [b, n]: generated tokens that `latent_phase_processor` (with `vocab_mask`) left as the
+only choice (`</latent>` at the latent cap; under the grammar also the opening `<latent>`). The grammar,
+not the policy, chose them, so RL masks them out of the policy gradient. Positions >= lengths are False."""

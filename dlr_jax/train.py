@@ -10,6 +10,9 @@ Stages (DESIGN.md §1–3), each reading the previous stage's final checkpoint f
   all       every available stage in order
 
 Runs resume: rerunning the same command continues from the last checkpoint of the stage.
+
+`python -m dlr_jax.train --print-config --config C [--set k=v ...]` prints the fully resolved config
+(`base:` includes and overrides applied) as YAML and exits: what a run with those arguments would use.
 """
 
 from __future__ import annotations
@@ -18,7 +21,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from dlr_jax.config import Config, ConfigError, load_config
+from dlr_jax import preemption
+from dlr_jax.config import Config, ConfigError, dump_config, load_config
+from dlr_jax.data.records import DataFormatError
+from dlr_jax.preflight import check_counts
+from dlr_jax.workdir import WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
@@ -37,6 +44,8 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
 
         for m in ("cot", "direct") if mode == "both" else (mode,):
             textsft.run(cfg, workdir, m, num_steps=steps)
+            if preemption.requested():  # saved; start nothing else (exit code 143/130)
+                return
     elif stage == "align":
         from dlr_jax.stages import align
 
@@ -57,8 +66,10 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
         order = ["textsft", "align", "sft", "rl"]
         if cfg.latent.source == "codebook":
             order = ["codebook", "export", *order]
-        for s in order:
+        for s in order:  # a rerun resumes each stage from its checkpoints (finished ones are quick)
             run_stage(s, cfg, workdir, mode=mode, steps=None)
+            if preemption.requested():
+                return
     else:
         raise SystemExit(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
@@ -84,17 +95,25 @@ def maybe_initialize_distributed() -> None:
     )
 
 
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.train",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--stage", required=True, choices=STAGES)
+    ap.add_argument("--stage", choices=STAGES, help="the stage to run (required unless --print-config)")
     ap.add_argument(
         "--config", help="YAML config (configs/tiny.yaml, ...); default: the workdir's config.yaml"
     )
-    ap.add_argument("--workdir", required=True, help="run directory shared by all stages")
+    ap.add_argument("--workdir", help="run directory shared by all stages (required unless --print-config)")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the fully resolved config as YAML and exit (needs no --stage/--workdir)")
     ap.add_argument(
         "--set",
         dest="overrides",
@@ -106,14 +125,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="both", choices=("cot", "direct", "both"), help="textsft variant(s)")
     ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: config)")
     args = ap.parse_args(argv)
+    if not args.print_config and (args.stage is None or args.workdir is None):
+        ap.error("--stage and --workdir are required (unless --print-config)")
     try:
-        cfg = resolve_config(args.config, args.workdir, args.overrides)
+        if args.print_config and args.workdir is None:
+            cfg = load_config(args.config, args.overrides)
+        else:
+            cfg = resolve_config(args.config, args.workdir, args.overrides)
+        check_counts(cfg, args.steps)  # before anything is written (preflight.py)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    maybe_initialize_distributed()
-    run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-    return 0
+    if args.print_config:
+        sys.stdout.write(dump_config(cfg))
+        return 0
+    with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
+        maybe_initialize_distributed()
+        try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
+            with open_run(cfg, args.workdir, lock=_process_index() == 0):
+                run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
+        except (WorkdirLocked, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    code = preemption.exit_code()
+    if code:
+        print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "
+              "resume.", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -19,8 +19,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -34,7 +32,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from dlr_jax import preemption
 from dlr_jax.config import TrainConfig
+from dlr_jax.preflight import check_train_config
 from dlr_jax.sharding import logical_to_spec, make_mesh, use_mesh
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, jax.Array, dict]]
@@ -135,6 +135,59 @@ def _shardings(tree: Any) -> Any:
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
+def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, tx: optax.GradientTransformation,
+                  schedule: optax.Schedule) -> Callable:
+    """The pure step `(params, rest, opt_state, batch, rng, step) -> (params, opt_state, metrics)` the
+    Trainer jits: gradients of `Σ loss_sum / Σ weight` over the batch's leading micro-batch axis, one
+    optimizer update. Also what `dlr_jax.plan` lowers from abstract shapes for a target machine."""
+
+    def step_fn(params, rest, opt_state, batch, rng, step):
+        def grad_of(mb, i):
+            def f(p):
+                model = nnx.merge(graphdef, p, rest)
+                ls, w, met = loss_fn(model, mb, jax.random.fold_in(rng, i))
+                return ls, (w, met)
+
+            (ls, (w, met)), g = jax.value_and_grad(f, has_aux=True)(params)
+            return g, ls, w, met
+
+        a = jax.tree.leaves(batch)[0].shape[0]
+        if a == 1:
+            # Straight-line code, no scan: XLA:CPU ran the same step ~5x slower inside a while loop
+            # (a length-1 scan included; 3.3 s vs 0.66 s for the codebook step at 256 px).
+            grads, loss_sum, weight, metrics = grad_of(jax.tree.map(lambda x: x[0], batch), 0)
+            loss_sum, weight = jnp.asarray(loss_sum, jnp.float32), jnp.asarray(weight, jnp.float32)
+            metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
+        else:
+            def micro(carry, xs):
+                g, ls, w, met = grad_of(*xs)
+                grads, loss_sum, weight, metrics = carry
+                return (jax.tree.map(jnp.add, grads, g), loss_sum + ls, weight + w,
+                        jax.tree.map(jnp.add, metrics, met)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            first = jax.tree.map(lambda x: x[0], batch)
+            met_shape = jax.eval_shape(lambda: loss_fn(nnx.merge(graphdef, params, rest), first, rng)[2])
+            met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), met_shape)
+            init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), met0)
+            (grads, loss_sum, weight, metrics), _ = jax.lax.scan(micro, init, (batch, jnp.arange(a)))
+        denom = jnp.maximum(weight, 1.0)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        out = {k: v / denom for k, v in metrics.items()}
+        out |= {
+            "loss": loss_sum / denom,
+            "weight": weight,
+            "grad_norm": optax.tree.norm(grads),
+            "lr": schedule(step),
+            "batch_hash": batch_hash(batch),
+        }
+        return params, opt_state, out
+
+    return step_fn
+
+
 def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
     """The sharding of every leaf of `tx.init(params)`: a subtree shaped like `params` (AdamW's mu
     and nu, any per-parameter state) takes the parameters' shardings leaf by leaf; everything else
@@ -203,7 +256,6 @@ class Trainer:
             self.opt_state = jax.jit(self.tx.init, out_shardings=o_sh)(self.params)
         self.step = 0
         self.rng = jax.random.key(cfg.seed)
-        self._stop = threading.Event()
         self._step_fn = None
         self.ckpt = ocp.CheckpointManager(
             (self.dir / "checkpoints").resolve(),
@@ -249,52 +301,7 @@ class Trainer:
 
     # -- the step --------------------------------------------------------------------------------
     def _build_step(self):
-        graphdef, loss_fn, tx, schedule = self.graphdef, self.loss_fn, self.tx, self.schedule
-
-        def step_fn(params, rest, opt_state, batch, rng, step):
-            def grad_of(mb, i):
-                def f(p):
-                    model = nnx.merge(graphdef, p, rest)
-                    ls, w, met = loss_fn(model, mb, jax.random.fold_in(rng, i))
-                    return ls, (w, met)
-
-                (ls, (w, met)), g = jax.value_and_grad(f, has_aux=True)(params)
-                return g, ls, w, met
-
-            a = jax.tree.leaves(batch)[0].shape[0]
-            if a == 1:
-                # Straight-line code, no scan: XLA:CPU ran the same step ~5x slower inside a while loop
-                # (a length-1 scan included; 3.3 s vs 0.66 s for the codebook step at 256 px).
-                grads, loss_sum, weight, metrics = grad_of(jax.tree.map(lambda x: x[0], batch), 0)
-                loss_sum, weight = jnp.asarray(loss_sum, jnp.float32), jnp.asarray(weight, jnp.float32)
-                metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
-            else:
-                def micro(carry, xs):
-                    g, ls, w, met = grad_of(*xs)
-                    grads, loss_sum, weight, metrics = carry
-                    return (jax.tree.map(jnp.add, grads, g), loss_sum + ls, weight + w,
-                            jax.tree.map(jnp.add, metrics, met)), None
-
-                zeros = jax.tree.map(jnp.zeros_like, params)
-                first = jax.tree.map(lambda x: x[0], batch)
-                met_shape = jax.eval_shape(lambda: loss_fn(nnx.merge(graphdef, params, rest), first, rng)[2])
-                met0 = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), met_shape)
-                init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), met0)
-                (grads, loss_sum, weight, metrics), _ = jax.lax.scan(micro, init, (batch, jnp.arange(a)))
-            denom = jnp.maximum(weight, 1.0)
-            grads = jax.tree.map(lambda g: g / denom, grads)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, updates)
-            out = {k: v / denom for k, v in metrics.items()}
-            out |= {
-                "loss": loss_sum / denom,
-                "weight": weight,
-                "grad_norm": optax.tree.norm(grads),
-                "lr": schedule(step),
-                "batch_hash": batch_hash(batch),
-            }
-            return params, opt_state, out
-
+        step_fn = build_step_fn(self.graphdef, self.loss_fn, self.tx, self.schedule)
         p_sh, r_sh, o_sh = _shardings(self.params), _shardings(self.rest), _shardings(self.opt_state)
         return jax.jit(
             step_fn,
@@ -380,78 +387,98 @@ class Trainer:
         """Train until step `num_steps` (default cfg.num_steps). `bar_total`: the step the progress bar
         counts to, for callers that fit a run in chunks (default: `num_steps`)."""
         cfg = self.cfg
-        total = num_steps or cfg.num_steps
+        total = cfg.num_steps if num_steps is None else num_steps
+        check_train_config(cfg, self.name, total)
         if resume and self.restore(data_iter):
             print(f"[{self.name}] resumed from step {self.step} ({self.dir / 'checkpoints'})", flush=True)
         history: list[dict[str, float]] = []
-        writer = _Writers(self.dir, enabled=jax.process_index() == 0)
+        # Rows past the restored step were logged by a run that died before its next checkpoint: this
+        # run redoes those steps, so they go (metrics.jsonl keeps one row per step).
+        writer = _Writers(self.dir, enabled=jax.process_index() == 0, resume_step=self.step)
         prof = _parse_profile(cfg.profile_steps)
-        handler = self._install_sigterm()
+        if prof and (msg := profile_window_problem(prof, self.step, total)):
+            print(f"[{self.name}] warning: {msg}", flush=True)
+        tracing = False
         bar = _progress(bar_total or total, self.step, cfg.progress and jax.process_index() == 0, self.name)
         t_last, w_last = time.perf_counter(), 0.0
         preempted = False
         pending: list[tuple[int, dict[str, jax.Array]]] = []
-        try:
-            while self.step < total:
-                if prof and self.step == prof[0]:
-                    jax.profiler.start_trace(str(self.dir / "profile"))
-                try:
-                    batch = next(data_iter)
-                except StopIteration:
-                    print(f"[{self.name}] data exhausted at step {self.step}", flush=True)
-                    break
-                pending.append((self.step + 1, self.train_step_async(batch)))
-                if prof and self.step == prof[1]:
+        with preemption.handling_signals():
+            try:
+                # A stop asked before the first step (e.g. while the data loaded): nothing new to save.
+                preempted = self.step < total and preemption.should_stop()
+                while self.step < total and not preempted:
+                    if prof and self.step == prof[0]:
+                        jax.profiler.start_trace(str(self.dir / "profile"))
+                        tracing = True
+                    try:
+                        batch = next(data_iter)
+                    except StopIteration:
+                        print(f"[{self.name}] data exhausted at step {self.step}", flush=True)
+                        break
+                    pending.append((self.step + 1, self.train_step_async(batch)))
+                    if tracing and self.step == prof[1]:
+                        jax.profiler.stop_trace()
+                        tracing = False
+                        print(f"[{self.name}] profile of steps {prof[0]}:{prof[1]} in {self.dir / 'profile'}",
+                              flush=True)
+                    bar.update(1)
+                    log_now = self.step % cfg.log_every == 0 or self.step == total
+                    ckpt_now = self.step % cfg.checkpoint_every == 0
+                    # Multi-process: the stop is agreed only at log/checkpoint steps (preemption.py).
+                    stop_now = preemption.should_stop(sync=log_now or ckpt_now)
+                    if not (log_now or ckpt_now or stop_now):
+                        continue
+                    # Host sync only here: every pending step's metrics are checked before a checkpoint
+                    # can be written, so a checkpoint never holds parameters after a non-finite loss.
+                    for step, dev in pending:
+                        metrics = {k: float(v) for k, v in jax.device_get(dev).items()}
+                        if not math.isfinite(metrics["loss"]):
+                            last = self.ckpt.latest_step()
+                            raise TrainingDiverged(
+                                f"[{self.name}] non-finite loss ({metrics['loss']}) at step {step}; stopped "
+                                f"without saving. Last good checkpoint: "
+                                f"{self.dir / 'checkpoints' / str(last) if last is not None else 'none'}. "
+                                "Lower the learning rate or check the data."
+                            )
+                        w_last += metrics["weight"]
+                        metrics["step"] = step
+                        history.append(metrics)
+                    pending.clear()
+                    if log_now or stop_now:
+                        now = time.perf_counter()
+                        metrics["tokens_per_s"] = w_last / max(now - t_last, 1e-9)
+                        t_last, w_last = now, 0.0
+                        writer.write(self.step, metrics)
+                        bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
+                    if stop_now:
+                        print(f"[{self.name}] stop requested: saving step {self.step} and exiting", flush=True)
+                        self.save(data_iter, force=True)
+                        preempted = True
+                    elif ckpt_now:
+                        self.save(data_iter)
+                else:
+                    if not preempted and self.ckpt.latest_step() != self.step:
+                        self.save(data_iter, force=True)
+            finally:
+                if tracing:
                     jax.profiler.stop_trace()
-                    print(f"[{self.name}] profile of steps {prof[0]}:{prof[1]} in {self.dir / 'profile'}", flush=True)
-                bar.update(1)
-                log_now = self.step % cfg.log_every == 0 or self.step == total
-                ckpt_now = self.step % cfg.checkpoint_every == 0
-                if not (log_now or ckpt_now or self._stop.is_set()):
-                    continue
-                # Host sync only here: every pending step's metrics are checked before a checkpoint
-                # can be written, so a checkpoint never holds parameters after a non-finite loss.
-                for step, dev in pending:
-                    metrics = {k: float(v) for k, v in jax.device_get(dev).items()}
-                    if not math.isfinite(metrics["loss"]):
-                        last = self.ckpt.latest_step()
-                        raise TrainingDiverged(
-                            f"[{self.name}] non-finite loss ({metrics['loss']}) at step {step}; stopped "
-                            f"without saving. Last good checkpoint: "
-                            f"{self.dir / 'checkpoints' / str(last) if last is not None else 'none'}. "
-                            "Lower the learning rate or check the data."
-                        )
-                    w_last += metrics["weight"]
-                    metrics["step"] = step
-                    history.append(metrics)
-                pending.clear()
-                if log_now:
-                    now = time.perf_counter()
-                    metrics["tokens_per_s"] = w_last / max(now - t_last, 1e-9)
-                    t_last, w_last = now, 0.0
-                    writer.write(self.step, metrics)
-                    bar.set_postfix(loss=f"{metrics['loss']:.4f}", refresh=False)
-                if ckpt_now:
-                    self.save(data_iter)
-                if self._stop.is_set():
-                    print(f"[{self.name}] SIGTERM: saving step {self.step} and exiting", flush=True)
-                    self.save(data_iter, force=True)
-                    preempted = True
-                    break
-            else:
-                if self.ckpt.latest_step() != self.step:
-                    self.save(data_iter, force=True)
-        finally:
-            bar.close()
-            writer.close()
-            if handler is not None:
-                signal.signal(signal.SIGTERM, handler)
+                bar.close()
+                writer.close()
         return TrainResult(self.finalize(), self.step, preempted, history)
 
-    def _install_sigterm(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        return signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+
+def profile_window_problem(prof: tuple[int, int], start: int, total: int) -> str | None:
+    """Why the profile window [a, b) will not be traced in a run from step `start` to `total`, if so."""
+    a, b = prof
+    if a < start:
+        return (f"profile_steps {a}:{b} starts before the resume step {start}: nothing will be traced "
+                f"(choose a window after step {start})")
+    if a >= total:
+        return f"profile_steps {a}:{b} starts at or after the last step {total}: nothing will be traced"
+    if b > total:
+        return f"profile_steps {a}:{b} ends after the last step {total}: the trace stops at step {total}"
+    return None
 
 
 def _jsonable(x: Any) -> Any:
@@ -479,9 +506,26 @@ def _parse_profile(spec: str) -> tuple[int, int] | None:
     return lo, hi
 
 
+def truncate_metrics(path: Path, after_step: int) -> int:
+    """Drops the rows of `path` (metrics.jsonl) whose step is > `after_step`; returns how many. A run
+    that resumes from step s redoes the steps after s, so their old rows would repeat."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    keep = [ln for ln in lines if not ln.strip() or json.loads(ln).get("step", 0) <= after_step]
+    if len(keep) != len(lines):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(keep))
+        os.replace(tmp, path)  # atomic: a kill here leaves the old or the new file, never half
+    return len(lines) - len(keep)
+
+
 class _Writers:
-    def __init__(self, root: Path, enabled: bool):
+    def __init__(self, root: Path, enabled: bool, resume_step: int | None = None):
+        """resume_step: the step this run starts from; later rows in metrics.jsonl are dropped."""
         self.enabled = enabled
+        if enabled and resume_step is not None:
+            truncate_metrics(root / "metrics.jsonl", resume_step)
         self.jsonl = open(root / "metrics.jsonl", "a") if enabled else None
         self.tb = None
         if enabled:

@@ -28,6 +28,7 @@ for steps in $ROUNDS; do
     --set codebook.font_mean=28 --set codebook.font_std=1.5 --set codebook.font_min=25 --set codebook.font_max=31 \
     --set codebook.min_side=256 --set codebook.max_side=256 --set codebook.image_size=256 \
     --set codebook.num_queries=16 \
-    --set codebook.train.num_steps="$steps" --set codebook.train.checkpoint_every=250
+    --set codebook.train.num_steps="$steps" --set codebook.train.checkpoint_every=250 \
+    --set run.allow_config_change=true   # each round changes num_steps on purpose (logged in config_changes.jsonl)
   cp "$WORKDIR/codebook/report.json" "$WORKDIR/report_$steps.json"
 done

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Usage (on every host): DLR_COORDINATOR=host0:1234 DLR_NUM_PROCESSES=N DLR_PROCESS_ID=i \
-#        launch/multihost.sh STAGE CONFIG WORKDIR [--set k=v ...]
+# One process per host, every host runs this with its own DLR_PROCESS_ID (0 .. N-1):
+#   DLR_COORDINATOR=host0:1234 DLR_NUM_PROCESSES=N DLR_PROCESS_ID=i \
+#     launch/multihost.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]
+# The workdir must be on storage every host sees (shared filesystem or a GCS path).
 set -euo pipefail
-: "${DLR_COORDINATOR:?set DLR_COORDINATOR=host:port}"
+# shellcheck source=launch/_common.sh
+source "$(dirname "$0")/_common.sh" "$@"
+set -- "${ARGS[@]}"
+: "${DLR_COORDINATOR:?set DLR_COORDINATOR=host:port of process 0}"
 : "${DLR_NUM_PROCESSES:?set DLR_NUM_PROCESSES}"
 : "${DLR_PROCESS_ID:?set DLR_PROCESS_ID}"
-stage=$1 config=$2 workdir=$3; shift 3
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true"
-exec python -m dlr_jax.train --stage "$stage" --config "$config" --workdir "$workdir" "$@"
+stage=${1:?usage: multihost.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]} config=${2:?config} workdir=${3:?workdir}
+shift 3
+run "DLR_COORDINATOR=$DLR_COORDINATOR" "DLR_NUM_PROCESSES=$DLR_NUM_PROCESSES" "DLR_PROCESS_ID=$DLR_PROCESS_ID" \
+  "XLA_FLAGS=${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true" -- \
+  "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" --config "$config" --workdir "$workdir" "$@"

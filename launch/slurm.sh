@@ -1,12 +1,35 @@
 #!/usr/bin/env bash
-# Usage: sbatch --nodes=N --ntasks-per-node=1 --gpus-per-node=8 launch/slurm.sh STAGE CONFIG WORKDIR [--set k=v ...]
-# One process per node; the first node of the allocation is the coordinator. WORKDIR must be on
-# storage every node sees.
+# SLURM, several 8-GPU nodes, one process per node:
+#   sbatch --nodes=2 launch/slurm.sh STAGE CONFIG WORKDIR [--set k=v ...]
+#   launch/slurm.sh --dry-run STAGE CONFIG WORKDIR     # prints each node's command (uses $SLURM_* if set)
+#SBATCH --job-name=dlr_jax
+#SBATCH --ntasks-per-node=1
+#SBATCH --gpus-per-node=8
+#SBATCH --exclusive
 set -euo pipefail
-stage=$1 config=$2 workdir=$3; shift 3
-head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
-export DLR_COORDINATOR="$head:${DLR_PORT:-12355}" DLR_NUM_PROCESSES="$SLURM_NTASKS"
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true"
-# DLR_PROCESS_ID differs per task: expanded by each task's shell, not here.
-exec srun bash -c 'DLR_PROCESS_ID=$SLURM_PROCID exec python -m dlr_jax.train "$@"' _ \
-  --stage "$stage" --config "$config" --workdir "$workdir" "$@"
+here=$(dirname "$0")
+# shellcheck source=launch/_common.sh
+source "$here/_common.sh" "$@"
+set -- "${ARGS[@]}"
+stage=${1:?usage: slurm.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]} config=${2:?config} workdir=${3:?workdir}
+shift 3
+nodes=${SLURM_JOB_NODELIST:-localhost}
+if command -v scontrol >/dev/null 2>&1 && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
+  head=$(scontrol show hostnames "$nodes" | head -n 1)
+else
+  head=${nodes%%,*}
+fi
+port=${DLR_PORT:-12345}
+ntasks=${SLURM_NTASKS:-1}
+if [ "$DRY_RUN" = 1 ]; then
+  for ((i = 0; i < ntasks; i++)); do
+    DLR_COORDINATOR="$head:$port" DLR_NUM_PROCESSES=$ntasks DLR_PROCESS_ID=$i \
+      bash "$here/multihost.sh" --dry-run "$stage" "$config" "$workdir" "$@"
+  done
+  exit 0
+fi
+# srun starts one task per node; each reads its rank from SLURM_PROCID (expanded by the task's shell).
+export DLR_COORDINATOR="$head:$port" DLR_NUM_PROCESSES=$ntasks
+# shellcheck disable=SC2016
+srun --kill-on-bad-exit=1 bash -c 'DLR_PROCESS_ID=$SLURM_PROCID exec bash "$0" "${@}"' \
+  "$here/multihost.sh" "$stage" "$config" "$workdir" "$@"

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Usage: TPU_NAME=my-pod ZONE=us-east5-a launch/tpu_pod.sh STAGE CONFIG gs://bucket/workdir [--set ...]
-# Runs the same command on all workers; JAX discovers the pod topology itself.
+# A Cloud TPU pod slice: the same command on every worker (JAX finds the pod's processes itself).
+#   TPU_NAME=my-pod ZONE=us-east5-a launch/tpu_pod.sh [--dry-run] STAGE CONFIG gs://bucket/workdir [--set ...]
 set -euo pipefail
+# shellcheck source=launch/_common.sh
+source "$(dirname "$0")/_common.sh" "$@"
+set -- "${ARGS[@]}"
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}"
-stage=$1 config=$2 workdir=$3; shift 3
-cmd="cd ~/dlr_jax && python -m dlr_jax.train --stage $stage --config $config --workdir $workdir --set mesh.rules=tpu $*"
-exec gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command "$cmd"
+stage=${1:?usage: tpu_pod.sh [--dry-run] STAGE CONFIG WORKDIR [--set ...]} config=${2:?config} workdir=${3:?workdir}
+shift 3
+extra=$(printf '%q ' "$@")
+remote="cd ~/dlr_jax && python -m dlr_jax.train --stage $stage --config $config --workdir $workdir --set mesh.rules=tpu $extra"
+run -- gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command "$remote"

@@ -67,3 +67,56 @@ def hf_logits(model: torch.nn.Module, ids: np.ndarray) -> np.ndarray:
 
 def random_ids(vocab: int, shape: tuple[int, int] = (2, 24), seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, vocab, shape)
+
+
+# ---- checkpoints with a tokenizer, as a user downloads them ---------------------------------------
+
+_SPECIALS = {  # (bos, eos, extra specials) per family, as the published checkpoints name them
+    "llama": ("<|begin_of_text|>", "<|end_of_text|>", ("<|eot_id|>",)),
+    "qwen3": (None, "<|endoftext|>", ("<|im_start|>", "<|im_end|>")),
+    "qwen3_vl": (None, "<|endoftext|>", ("<|im_start|>", "<|im_end|>")),
+    "qwen2": (None, "<|endoftext|>", ("<|im_start|>", "<|im_end|>")),
+}
+
+
+def save_tokenizer(out_dir: Path, family: str, *, fill_rows: int | None = None) -> int:
+    """A byte-level tokenizer (every byte is a token, so any text encodes) with the family's special
+    tokens; `fill_rows`: add reserved tokens until the vocabulary has exactly that many ids, as Llama-3's
+    tokenizer fills all 128,256 embedding rows. Writes tokenizer.json + tokenizer_config.json; returns
+    the number of ids."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    bos, eos, extra = _SPECIALS[family]
+    specials = [t for t in (bos, eos, *extra) if t]
+    n = len(vocab) + len(specials)
+    if fill_rows is not None:
+        if fill_rows < n:
+            raise ValueError(f"fill_rows={fill_rows} < {n} base tokens")
+        specials += [f"<|reserved_special_token_{i}|>" for i in range(fill_rows - n)]
+    tok.add_special_tokens(specials)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    cfg = {"eos_token": eos, "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096}
+    if bos:
+        cfg["bos_token"] = bos
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return tok.get_vocab_size(with_added_tokens=True)
+
+
+def save_tiny_checkpoint(family: str, out_dir: Path, *, vocab_size: int = 320, fill_vocab: bool = False,
+                         **overrides: Any) -> torch.nn.Module:
+    """A tiny random HF checkpoint of `family` with a tokenizer, as `from_pretrained` dirs look.
+    fill_vocab: the tokenizer has exactly `vocab_size` ids (no free embedding row: every added token
+    needs the embedding to grow); otherwise it has fewer ids than rows, as Qwen's does."""
+    n = save_tokenizer(out_dir, family, fill_rows=vocab_size if fill_vocab else None)
+    assert n <= vocab_size
+    model = build_tiny_hf(family, vocab_size=vocab_size, **overrides)
+    model.save_pretrained(out_dir)
+    return model

@@ -279,3 +279,24 @@ def test_help_and_default_modes(capsys):
     assert [ev.default_mode(s) for s in ("textsft_cot", "textsft_direct", "align", "sft", "rl")] == [
         "cot", "direct", "latent", "latent", "latent"]
     assert ev.parse_benchmark("gsm8k_aug:valid") == ("gsm8k_aug", "valid")
+
+
+def test_cot_reasoning_length_counts_cot_tokens_before_answer(tok):
+    """#L of CoT-SFT is its generated CoT tokens (the paper's count), of latent mode its latents."""
+    v = tok.total_vocab_size
+    t = np.zeros((v, v), np.float32)
+    start, four = prompt_ids(tok, "x")[-1], tok.encode("4")[0]
+    cot = list(dict.fromkeys(i for i in tok.encode_plain("what is the sum plus ten") if i not in (start, four)))
+    path = [start, *cot, tok.answer_start_id, four, tok.answer_end_id]
+    assert len(set(path)) == len(path)  # a bigram table scripts it
+    for a, b in zip(path[:-1], path[1:], strict=True):
+        t[a, b] = 30.0
+    res = ev.evaluate_examples(BigramLM(t), tok, _examples(2, ["4", "4"]), "synthetic", mode="cot",
+                               max_new_tokens=24, prompt_bucket=16)
+    assert [s["L"] for s in res.samples] == [len(cot)] * 2 and res.metrics["L"]["mean"] == len(cot)
+    assert all(s["n_latents"] == 0 and s["correct"] for s in res.samples)
+    lat = ev.evaluate_examples(BigramLM(scripted_table(tok, n_latents=3)), tok, _examples(2), "synthetic",
+                               max_new_tokens=20, max_latents=6, prompt_bucket=16)
+    assert lat.metrics["L"]["mean"] == lat.metrics["n_latents"]["mean"] == 3.0
+    direct = ev.reasoning_length(tok, np.asarray(path[1:]), "direct", 0)
+    assert direct == 0

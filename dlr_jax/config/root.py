@@ -12,6 +12,8 @@ from dlr_jax.config.stages import CodebookConfig, EvalConfig, LatentConfig, RLCo
 class RunConfig:
     seed: int = 0
     workdir: str = "runs/tiny"
+    # true: a rerun in an existing workdir may change safe keys (lr, steps, ...); see dlr_jax/workdir.py
+    allow_config_change: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +28,15 @@ class DataConfig:
     synthetic_max_steps: int = 4
     num_workers: int = 0  # grain worker processes (0 = in-process)
     pack: bool = False
+    # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.
+    # rl_split: part of train_split held out for stage rl; SFT-side stages (textsft, align, sft) read the
+    # rest. A count (>= 1) or a fraction (< 1); 0 = every stage reads the whole split. Chosen by a hash of
+    # (split_seed, example id), so it does not depend on file order, process count or the run seed.
+    rl_split: float = 0.0
+    split_seed: int = 0
+    # examples whose CoT is longer than this many tokens (the workdir's tokenizer) are left out of every
+    # stage, counted; 0 = no filter
+    max_cot_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

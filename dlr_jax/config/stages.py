@@ -25,6 +25,10 @@ class TrainConfig:
     batch_size: int = 32  # sequences per optimizer step, global
     grad_accum: int = 1  # micro-batches per step (batch_size must divide)
     num_steps: int = 100
+    # > 0: train this many passes over the stage's examples instead: num_steps becomes
+    # ceil(num_epochs * examples / batch_size) (rl: prompts / rl.num_prompts), resolved when the stage
+    # starts and recorded in <workdir>/<stage>/schedule.json. The paper trains every stage in epochs.
+    num_epochs: float = 0.0
     log_every: int = 10
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
@@ -101,6 +105,8 @@ class RLConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 64
+    # prompts longer than this many tokens are left out of RL (counted); 0 = data.max_len - max_new_tokens
+    max_prompt_tokens: int = 0
     max_latents: int = 32  # `</latent>` forced after this many latents (0 = no cap)
     constrain_format: bool = False  # constrained decoding (makes R_fmt ~ 1 by construction)
     answer_weight: float = 1.0
@@ -167,7 +173,8 @@ class CodebookConfig:
     vit_window: int = 14
     neck_channels: int = 256
     compressor_mid: int = 512  # compressor channels: neck -> compressor_mid -> latent.latent_dim
-    # causal flow (Qwen2-style, width latent.latent_dim)
+    # causal flow (Qwen2-style; DeepEncoder V2's is Qwen2-0.5B: 896 wide, 24 layers, 14 x 64 heads, 2 kv heads)
+    flow_hidden: int = 0  # its width; 0 = latent.latent_dim (d_c). Another value adds a linear map to d_c
     flow_layers: int = 24
     flow_heads: int = 14
     flow_kv_heads: int = 2
@@ -213,6 +220,10 @@ class CodebookConfig:
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(learning_rate=1e-4, batch_size=32, num_steps=2000)
     )
+    # a corpus rendered once by `python -m dlr_jax.data.render_corpus --split train` (a TFDS array_record
+    # dataset): the training plan's images are read from it instead of drawn every epoch; "" = render on
+    # the fly. Its recorded render settings, seed and corpus must match this config (else an error).
+    render_cache: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -122,15 +122,40 @@ def filter_by_length(
     max_len: int,
     latents: Latents | None = None,
     mode: str = "cot",
+    vocab_size: int | None = None,
 ) -> tuple[list[Example], int]:
     """(examples whose sequence fits in max_len tokens, number dropped); the count is logged as
-    "dropped N of M examples longer than max_len=..." so no example disappears silently."""
+    "dropped N of M examples longer than max_len=..." so no example disappears silently.
+
+    vocab_size: rows of the model's embedding table; any token id outside [0, vocab_size) raises
+    `TokenRangeError` naming the example, the id and the table size (before any step runs: JAX's
+    gathers return NaN for such ids instead of failing)."""
     items = make_items(stage, examples, latents)
-    kept = [it for it in items if len(build_sequence(stage, tok, it, mode)) <= max_len]
+    kept = []
+    for it in items:
+        seq = build_sequence(stage, tok, it, mode)
+        if vocab_size is not None:
+            check_token_range(seq.tokens, vocab_size, where=f"{stage} example {it.example.id!r}")
+        if len(seq) <= max_len:
+            kept.append(it)
     dropped = len(items) - len(kept)
     msg = "%s: dropped %d of %d examples longer than max_len=%d"
     (log.warning if dropped else log.info)(msg, stage, dropped, len(items), max_len)
     return [it.example for it in kept], dropped
+
+
+class TokenRangeError(ValueError):
+    """A token id does not index the model's embedding table."""
+
+
+def check_token_range(tokens: np.ndarray, vocab_size: int, *, where: str) -> None:
+    tokens = np.asarray(tokens)
+    bad = tokens[(tokens < 0) | (tokens >= vocab_size)]
+    if bad.size:
+        raise TokenRangeError(
+            f"{where}: token id {int(bad[0])} is outside the embedding table of {vocab_size} rows "
+            f"({bad.size} such ids); the tokenizer and the model disagree on the vocabulary size"
+        )
 
 
 # ---- per-element transforms (top-level, so grain workers can pickle them) --------------------
@@ -206,6 +231,7 @@ def make_stage_dataset(
     num_packing_bins: int | None = None,
     num_threads: int = 2,
     ocr_text_len: int = 0,
+    vocab_size: int | None = None,
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
@@ -218,7 +244,8 @@ def make_stage_dataset(
     processes. num_packing_bins: rows the first-fit packer fills at once (default batch_size).
     num_threads: grain reader threads per process that tokenise ahead of the consumer (0 = on
     demand, in the caller's thread). ocr_text_len: > 0 adds stage sft's dual-branch fields
-    (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False.
+    (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False. vocab_size: the model's
+    embedding rows; every example's ids are checked against it up front (`check_token_range`).
     """
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
@@ -226,7 +253,9 @@ def make_stage_dataset(
     shard_count = jax.process_count() if shard_count is None else shard_count
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}")
-    kept, _ = filter_by_length(stage, examples, tok, max_len=max_len, latents=latents, mode=mode)
+    kept, _ = filter_by_length(
+        stage, examples, tok, max_len=max_len, latents=latents, mode=mode, vocab_size=vocab_size
+    )
     items = make_items(stage, kept, latents)
     ocr = None
     if ocr_text_len > 0:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dlr_jax.data.checks import check_not_empty, check_numeric_golds
 from dlr_jax.data.gsm8k import read_gsm8k
 from dlr_jax.data.gsm8k_aug import read_gsm8k_aug
 from dlr_jax.data.gsm_hard import read_gsm_hard
@@ -154,14 +155,22 @@ def load_benchmark(
         )
     if f.name == spec.files.get("train_subset_3000") and split == "train":
         split = "train_subset_3000"  # ids say what was actually read
-    return spec.read(f, split=split, **options)
+    return _checked(spec.read(f, split=split, **options), name, f)
+
+
+def _checked(examples: list[Example], name: str, f: Path) -> list[Example]:
+    """No empty files; numeric golds where scoring is numeric (dlr_jax/data/checks.py)."""
+    check_not_empty(examples, f)
+    check_numeric_golds(examples, name, f)
+    return examples
 
 
 def _load_synthetic(path: str | Path | None, split: str, **options: Any) -> list[Example]:
     from dlr_jax.data import synthetic
 
     if path is not None:
-        return read_gsm8k_aug(benchmark_file(SYNTHETIC, split, path), split=split, source=SYNTHETIC)
+        f = benchmark_file(SYNTHETIC, split, path)
+        return _checked(read_gsm8k_aug(f, split=split, source=SYNTHETIC), SYNTHETIC, f)
     if split not in synthetic.SPLIT_ORDER:
         raise ValueError(f"synthetic: unknown split {split!r}; known: {synthetic.SPLIT_ORDER}")
     return synthetic.synthetic_splits(options.pop("sizes", None), only=[split], **options)[split]

@@ -126,11 +126,15 @@ class BatchPlan:
         config: render.RenderConfig,
         max_text_len: int,
         fonts: np.ndarray | None = None,
+        cache: Any = None,
     ):
+        """`cache`: a checked `render_corpus.RenderCache` of exactly these texts, fonts and config; batches
+        then read its images instead of drawing them (same pixels)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.texts = list(texts)
         self.batch_size, self.seed, self.config, self.max_text_len = batch_size, seed, config, max_text_len
+        self.cache = cache
         n = len(self.texts)
         self.fonts = sample_font_sizes(n, seed, config) if fonts is None else np.asarray(fonts, np.int32)
         laid = [canvas_side(t, int(f), config) for t, f in zip(self.texts, self.fonts, strict=True)]
@@ -207,8 +211,12 @@ def _render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> 
     side, idx = plan.batch(index)
     idx = idx[rows]
     t = plan.target_len[side]
+    if plan.cache is not None:
+        images = plan.cache.images(idx, side)
+    else:
+        images = render_images([plan.texts[i] for i in idx], plan.fonts[idx], side, plan.config)
     return {
-        "images": render_images([plan.texts[i] for i in idx], plan.fonts[idx], side, plan.config),
+        "images": images,
         "targets": np.stack([encode_target(plan.texts[i], t)[0] for i in idx]),
         "index": idx.astype(np.int32),
     }

@@ -168,15 +168,26 @@ class CausalFlow(nnx.Module):
 
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
+    """code_dim: d_c, the width of the features H. 0 = the flow's width (DeepEncoder V2: d_c = 896 = the
+    causal flow's hidden size); another value adds a linear map flow width -> d_c after the flow, so d_c
+    and the flow's (pretrained) shape are separate settings."""
+
     vision: VisionConfig = dataclasses.field(default_factory=VisionConfig)
     flow: CausalFlowConfig = dataclasses.field(default_factory=CausalFlowConfig)
+    code_dim: int = 0
 
     def __post_init__(self) -> None:
         if self.vision.out_channels != self.flow.hidden_size:
             raise ConfigError(
                 f"vision.compressor_channels[-1]={self.vision.out_channels} must equal "
-                f"flow.hidden_size={self.flow.hidden_size} (d_c)"
+                f"flow.hidden_size={self.flow.hidden_size}"
             )
+        if self.code_dim < 0:
+            raise ConfigError(f"code_dim must be >= 0 (0 = the flow width), got {self.code_dim}")
+
+    @property
+    def out_dim(self) -> int:
+        return self.code_dim or self.flow.hidden_size
 
 
 DEEPENCODER_V2 = EncoderConfig(DEEPENCODER_V2_VISION, DEEPENCODER_V2_FLOW)
@@ -191,11 +202,18 @@ class Encoder(nnx.Module):
         self.cfg = cfg
         self.vision = VisionTower(cfg.vision, rngs=rngs)
         self.flow = CausalFlow(cfg.flow, rngs=rngs)
+        if cfg.out_dim != cfg.flow.hidden_size:
+            w = cfg.flow.hidden_size
+            self.code_proj = _param(rngs, (w, cfg.out_dim), ("embed", "latent_dim"), jnp.dtype(cfg.flow.param_dtype),
+                                    scale=1.0 / np.sqrt(w))
 
     def __call__(self, images: Float[Array, "b H W c"]) -> Float[Array, "b n dc"]:
         visual = self.vision(images)
         out = self.flow(visual)
-        return out + visual if self.cfg.flow.visual_skip else out
+        out = out + visual if self.cfg.flow.visual_skip else out
+        if self.cfg.out_dim != self.cfg.flow.hidden_size:
+            out = jnp.einsum("bnw,wc->bnc", out, self.code_proj[...].astype(out.dtype))
+        return out
 
 
 def build_encoder(cfg: EncoderConfig, seed: int = 0) -> Encoder:

@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,7 +114,7 @@ class CodebookModelConfig:
 
     @property
     def code_dim(self) -> int:
-        return self.encoder.flow.hidden_size
+        return self.encoder.out_dim
 
     @property
     def num_queries(self) -> int:
@@ -121,8 +122,10 @@ class CodebookModelConfig:
 
     @staticmethod
     def from_config(cfg: Config) -> CodebookModelConfig:
-        """From the `codebook` and `latent` sections (K = latent.num_latents, d_c = latent.latent_dim)."""
+        """From the `codebook` and `latent` sections (K = latent.num_latents, d_c = latent.latent_dim; the
+        causal flow is codebook.flow_hidden wide, 0 = d_c, with a linear map to d_c when they differ)."""
         c, d = cfg.codebook, cfg.latent.latent_dim
+        fh = c.flow_hidden or d
         g = c.vit_global_every
         if g < 1 or c.vit_layers % g:
             raise ConfigError(
@@ -140,11 +143,11 @@ class CodebookModelConfig:
         vision = VisionConfig(
             image_size=c.image_size, hidden_size=c.vit_hidden, num_layers=c.vit_layers, num_heads=c.vit_heads,
             mlp_dim=c.vit_mlp, global_attn_indexes=tuple(range(g - 1, c.vit_layers, g)),
-            window_size=c.vit_window, neck_channels=c.neck_channels, compressor_channels=(c.compressor_mid, d),
+            window_size=c.vit_window, neck_channels=c.neck_channels, compressor_channels=(c.compressor_mid, fh),
             **common,
         )
         flow = CausalFlowConfig(
-            hidden_size=d, intermediate_size=c.flow_mlp, num_layers=c.flow_layers, num_heads=c.flow_heads,
+            hidden_size=fh, intermediate_size=c.flow_mlp, num_layers=c.flow_layers, num_heads=c.flow_heads,
             num_kv_heads=c.flow_kv_heads, head_dim=c.flow_head_dim, num_queries=c.num_queries,
             visual_skip=c.flow_visual_skip, **common,
         )
@@ -156,7 +159,8 @@ class CodebookModelConfig:
             bos_token_id=VOCAB.BOS, eos_token_id=VOCAB.EOS, pad_token_id=VOCAB.PAD, **common,
         )
         return CodebookModelConfig(
-            EncoderConfig(vision, flow), decoder, cfg.latent.num_latents, c.sigma, c.max_text_len
+            EncoderConfig(vision, flow, code_dim=0 if fh == d else d), decoder, cfg.latent.num_latents, c.sigma,
+            c.max_text_len,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -166,7 +170,8 @@ class CodebookModelConfig:
     def from_dict(d: Mapping[str, Any]) -> CodebookModelConfig:
         enc = d["encoder"]
         return CodebookModelConfig(
-            EncoderConfig(from_dict(VisionConfig, enc["vision"]), from_dict(CausalFlowConfig, enc["flow"])),
+            EncoderConfig(from_dict(VisionConfig, enc["vision"]), from_dict(CausalFlowConfig, enc["flow"]),
+                          code_dim=int(enc.get("code_dim", 0))),
             from_dict(ModelConfig, d["decoder"]),
             int(d["num_codes"]),
             float(d.get("sigma", 0.0)),
@@ -194,6 +199,11 @@ class CodebookModel(nnx.Module):
     # -- encoder side ----------------------------------------------------------------------------
     def encode(self, images: Array) -> Float[Array, "b n dc"]:
         """uint8 images [b, L, L] (grey) or [b, L, L, 3] -> continuous features H [b, (L/64)^2, d_c]."""
+        # trace-time checks (free at run time): a float image in 0..255 or a non-square canvas would
+        # otherwise come out as silently wrong features
+        chex.assert_rank(images, {3, 4})
+        chex.assert_type(images, jnp.uint8)
+        chex.assert_axis_dimension(images, 2, images.shape[1])
         if images.ndim == 3:
             images = jnp.repeat(images[..., None], 3, axis=-1)
         return self.encoder(normalize_images(images))

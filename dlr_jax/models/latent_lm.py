@@ -28,6 +28,7 @@ import functools
 import math
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -360,6 +361,7 @@ class LatentLM(nnx.Module):
         segment_ids: Int[Array, "b t"] | None = None,
         attention_mask: Int[Array, "b t"] | None = None,
     ) -> Float[Array, "b t v"]:
+        _check_ids(input_ids, positions, segment_ids, attention_mask)
         return self.logits_from_hidden(
             self.hidden_states(
                 input_ids, positions=positions, segment_ids=segment_ids, attention_mask=attention_mask
@@ -383,9 +385,21 @@ class LatentLM(nnx.Module):
         cache: KVCache,
         inputs_embeds: Float[Array, "b t d"] | None = None,
     ) -> tuple[Float[Array, "b t v"], KVCache]:
+        if inputs_embeds is None:
+            _check_ids(input_ids, positions, token_mask)
+        else:
+            chex.assert_rank(inputs_embeds, 3)
+            chex.assert_equal_shape_prefix([inputs_embeds, positions, token_mask], 2)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         h, cache = self.trunk_cached(x, positions, token_mask, cache)
         return self.logits_from_hidden(h), cache
+
+
+def _check_ids(input_ids: Array, *per_token: Array | None) -> None:
+    """Trace-time (free at run time): integer ids [b, t], and every per-token array the same [b, t]."""
+    chex.assert_rank(input_ids, 2)
+    chex.assert_type(input_ids, int)
+    chex.assert_equal_shape([input_ids, *(x for x in per_token if x is not None)])
 
 
 def build_latent_lm(

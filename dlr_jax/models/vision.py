@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -389,6 +390,7 @@ class VisionTower(nnx.Module):
         return run_blocks(cfg, self.windowed.arrays(), self.global_.arrays(), x)
 
     def __call__(self, images: Float[Array, "b H W c"]) -> Float[Array, "b n dc"]:
+        chex.assert_type(images, float)  # normalised pixels (`normalize_images`), not raw uint8
         eps = self.cfg.layer_norm_eps
         x = self.features(images)
         x = layer_norm(conv2d(x, self.neck_conv1[...], 1, 0), self.neck_ln1_w[...], self.neck_ln1_b[...], eps)

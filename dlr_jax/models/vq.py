@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -90,6 +91,7 @@ def quantize(
       ids [...] int32, h_st [..., d] (h's dtype; value = codebook[ids]), vq_loss, commit_loss
       (float32 scalars, mean squared error per element; see the module docstring).
     """
+    chex.assert_type([h, codebook], [float, float])  # integer features would quantize silently wrong
     if codebook.ndim != 2:
         raise ValueError(f"quantize: codebook must be [K, d], got shape {codebook.shape}")
     if h.shape[-1] != codebook.shape[-1]:

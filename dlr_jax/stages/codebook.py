@@ -87,6 +87,19 @@ def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
     return [ex.cot for ex in examples if ex.cot.strip()]
 
 
+def open_render_cache(cfg: Config, texts: Sequence[str]) -> Any:
+    """The training corpus rendered once (`codebook.render_cache`, checked against this config and
+    corpus: a mismatch raises), or None to render on the fly."""
+    if not cfg.codebook.render_cache:
+        return None
+    from dlr_jax.data.render_corpus import RenderCache
+
+    cache = RenderCache(cfg.codebook.render_cache, split="train")
+    cache.check(texts, rp.render_config(cfg.codebook), cfg.run.seed)
+    print(f"[codebook] training images read from the render cache {cfg.codebook.render_cache}", flush=True)
+    return cache
+
+
 class _AlphaFeed:
     """Adds `alpha` [b] to each batch while alpha(step) > 0 (the step comes from the trainer, so
     resuming restores it); forwards grain's get_state / set_state."""
@@ -338,18 +351,20 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     `num_steps` (default codebook.train.num_steps) counts main-phase steps; the continuous warm-up's
     codebook.warmup_steps come on top."""
     cb, seed = cfg.codebook, cfg.run.seed
+    texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)  # inputs validate before any write
     common.prepare_workdir(cfg, workdir)
     out = common.stage_dir(workdir, STAGE)
     mesh = common.make_mesh_for(cfg)
     mcfg = model_config(cfg)
-    texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)
     if cb.eval_examples:
         held_out = held_out[: cb.eval_examples]
     plan = rp.BatchPlan(texts, batch_size=cb.train.batch_size, seed=seed, config=rp.render_config(cb),
-                        max_text_len=cb.max_text_len)
+                        max_text_len=cb.max_text_len, cache=open_render_cache(cfg, texts))
     print(f"[codebook] {len(texts)} training CoTs, {len(held_out)} held out; plan {plan.stats.as_dict()}",
           flush=True)
-    total = num_steps or cb.train.num_steps
+    # num_epochs -> steps over the plan's full batches (what one epoch of `plan` feeds)
+    main_train = common.resolve_schedule(cb.train, len(plan) * cb.train.batch_size, workdir, STAGE)
+    total = num_steps or main_train.num_steps
     alpha_steps = len(plan) if cb.alpha_steps < 0 else cb.alpha_steps
 
     def data(offset: int, use: rp.BatchPlan = plan):
@@ -387,7 +402,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         if isinstance(model, dict):
             return model
     loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
-    trainer = Trainer(model, loss, cb.train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
+    trainer = Trainer(model, loss, main_train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
     init_info: dict[str, Any] = {}
     if trainer.ckpt.latest_step() is None and cb.kmeans_init_batches > 0:
         t0 = time.perf_counter()

@@ -94,6 +94,12 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
     if tok_path:
         rows = model_config_from_hf(cfg.init_from).vocab_size if cfg.init_from else cfg.model.vocab_size
         tok = Tokenizer.from_pretrained_dir(tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=rows)
+        if tok.text_vocab_size % mult:
+            # Added tokens (pad, boundaries) go past a checkpoint whose tokenizer fills every row
+            # (Llama-3: 128,256): pad the text rows too, so the grown embedding divides the mesh.
+            tok = Tokenizer.from_pretrained_dir(
+                tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=-(-tok.text_vocab_size // mult) * mult
+            )
     else:
         if train_examples is None:
             train_examples = load_examples(cfg, cfg.data.train_split)
@@ -108,28 +114,104 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
     return tok
 
 
+def stage_examples(
+    cfg: Config, workdir: str | Path, part: str, tok: Tokenizer, train: list[Example] | None = None
+) -> list[Example]:
+    """The training examples of `part` ("sft" for textsft / align / sft, "rl" for rl) under the data
+    protocol (dlr_jax/data/protocol.py): CoTs longer than data.max_cot_tokens left out (counted), then
+    the deterministic SFT/RL split by data.rl_split. Recorded in <workdir>/data_protocol.json."""
+    from dlr_jax.data import protocol
+
+    if part not in protocol.PARTS:
+        raise ValueError(f"part must be one of {protocol.PARTS}, got {part!r}")
+    d = cfg.data
+    train = load_examples(cfg, d.train_split) if train is None else train
+    kept, dropped = protocol.cot_length_filter(train, lambda t: len(tok.encode_plain(t)), d.max_cot_tokens)
+    if dropped:
+        print(f"[data] {dropped} of {len(train)} examples have a CoT over data.max_cot_tokens={d.max_cot_tokens} "
+              "tokens: left out", flush=True)
+    parts = protocol.split_sft_rl(kept, d.rl_split, d.split_seed)
+    info = {
+        "dataset": d.dataset, "train_split": d.train_split, "examples": len(train),
+        "max_cot_tokens": d.max_cot_tokens, "dropped_long_cot": dropped,
+        "rl_split": d.rl_split, "split_seed": d.split_seed,
+        **{f"{p}_examples": len(parts[p]) for p in protocol.PARTS},
+        **{f"{p}_ids_sha256": protocol.ids_digest(parts[p]) for p in protocol.PARTS},
+    }
+    if jax.process_index() == 0:
+        protocol.record(workdir, info)
+    return parts[part]
+
+
+def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_step: int | None = None) -> Any:
+    """`tcfg` with num_steps set from num_epochs (when > 0): ceil(num_epochs * n / per_step), per_step
+    defaulting to the batch size. Written to <workdir>/<stage>/schedule.json so a run says what it did."""
+    from dlr_jax.data.protocol import steps_for_epochs
+
+    if tcfg.num_epochs <= 0:
+        return tcfg
+    per_step = per_step or tcfg.batch_size
+    steps = steps_for_epochs(tcfg.num_epochs, n, per_step)
+    print(f"[{stage}] {tcfg.num_epochs:g} epochs of {n:,} examples at {per_step} per step = {steps:,} steps",
+          flush=True)
+    if jax.process_index() == 0:
+        import json
+
+        d = stage_dir(workdir, stage)
+        d.mkdir(parents=True, exist_ok=True)
+        info = {"num_epochs": tcfg.num_epochs, "examples": n, "per_step": per_step, "num_steps": steps}
+        (d / "schedule.json").write_text(json.dumps(info, indent=2) + "\n")
+    return dataclasses.replace(tcfg, num_steps=steps)
+
+
 # ------------------------------------------------------------------------------------------------
 # Models.
 
 
+# ModelConfig fields that describe how a run computes, not the architecture: with `init_from` they come
+# from the YAML model section (the recipe's bf16 compute, remat), everything else from config.json.
+RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention")
+
+
 def backbone_config(cfg: Config, tok: Tokenizer) -> ModelConfig:
-    """The text backbone's config: from the HF checkpoint when starting from one, else the YAML
-    model section with the vocabulary sized to the tokenizer's text rows."""
+    """The text backbone's config, its vocabulary sized to the tokenizer's text rows: from the HF
+    checkpoint (architecture) + the YAML model section (RUN_MODEL_KEYS) when starting from one, else
+    the YAML model section."""
     if cfg.init_from:
-        return model_config_from_hf(cfg.init_from)
+        hf = model_config_from_hf(cfg.init_from, **{k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS})
+        return dataclasses.replace(hf, vocab_size=max(hf.vocab_size, tok.text_vocab_size))
     return dataclasses.replace(
         cfg.model, vocab_size=tok.text_vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id
     )
 
 
+def check_vocab_divides_mesh(cfg: Config, mesh: Mesh) -> None:
+    """Vocabulary rows shard over the tensor axis: a pad multiple it does not divide would leave
+    the largest tables replicated (or fail to place)."""
+    tensor = mesh.shape.get("tensor", 1)
+    if cfg.tokenizer.pad_multiple % tensor:
+        raise ValueError(
+            f"tokenizer.pad_multiple={cfg.tokenizer.pad_multiple} must be a multiple of the mesh's tensor axis "
+            f"({tensor}): vocabulary rows are sharded over it"
+        )
+
+
 def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
-    """A fresh (random or HF-imported) backbone, born sharded on `mesh`."""
+    """The one backbone builder of every stage: random (from the YAML model section) or imported from
+    `init_from`, born sharded on `mesh`, with its embedding (and lm_head) sized to the tokenizer's text
+    rows. A pretrained tokenizer may already fill every embedding row (Llama-3: 128,256), so the added
+    pad / boundary tokens need new rows; without them `jnp.take` returns NaN for their ids."""
     from dlr_jax.models.transformer import Transformer
 
+    check_vocab_divides_mesh(cfg, mesh)
     if cfg.init_from:
         from dlr_jax.convert import load_hf
+        from dlr_jax.models.latent_lm import grow_vocab
 
-        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules)
+        run_keys = {k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS}
+        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, **run_keys)
+        if model.cfg.vocab_size < tok.text_vocab_size:
+            grow_vocab(model, tok.text_vocab_size, cfg.mesh.rules)
         return model
     mcfg = backbone_config(cfg, tok)
     return create_sharded(lambda: Transformer(mcfg, rngs=nnx.Rngs(params=cfg.run.seed)), mesh, cfg.mesh.rules)

@@ -67,14 +67,10 @@ def latent_lm_factory(model_cfg: ModelConfig, tok: Tokenizer, cfg: Config):
 def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
     """The backbone the latent stages start from: the HF checkpoint when `init_from` is set, else
     (tiny from-scratch configs) the CoT-SFT model of the textsft stage."""
-    from dlr_jax.models.latent_lm import grow_vocab
     from dlr_jax.models.transformer import Transformer
 
     if cfg.init_from:
-        backbone = common.new_backbone(cfg, tok, mesh)
-        if backbone.cfg.vocab_size < tok.text_vocab_size:  # boundary tokens added to the tokenizer
-            grow_vocab(backbone, tok.text_vocab_size, cfg.mesh.rules)
-        return backbone
+        return common.new_backbone(cfg, tok, mesh)
     d = common.final_dir(workdir, "textsft_cot")
     if not d.exists():
         raise FileNotFoundError(
@@ -136,18 +132,19 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     from dlr_jax.models.latent_lm import filter_for_stage
     from dlr_jax.trainer import Trainer
 
+    train = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
-    train = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, train)
+    train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)
     latents = latents_for(cfg, workdir, cfg.data.train_split, train)
-    tcfg = getattr(cfg.train, stage)
+    tcfg = common.resolve_schedule(getattr(cfg.train, stage), len(train), workdir, stage)
+    model = make_model(cfg, workdir, tok, mesh)
     data = make_stage_dataset(
         stage, train, tok, batch_size=local_batch(tcfg.batch_size), max_len=cfg.data.max_len,
         seed=cfg.run.seed, latents=latents, pack=cfg.data.pack, num_workers=cfg.data.num_workers,
-        **(branch.data_kwargs() if branch is not None else {}),
+        vocab_size=model.vocab_size, **(branch.data_kwargs() if branch is not None else {}),
     )
-    model = make_model(cfg, workdir, tok, mesh)
     loss = functools.partial(common.lm_loss, vocab_mask=model.vocab_mask())
     trainable = filter_for_stage(stage, model.latent_cfg)
     if branch is not None:

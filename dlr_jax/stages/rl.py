@@ -31,8 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import signal
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -43,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dlr_jax import grpo
+from dlr_jax import grpo, preemption
 from dlr_jax.config import Config
 from dlr_jax.data.formats import parse_generation, prompt_ids
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
@@ -262,18 +260,20 @@ def run(
 
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
-    total = num_steps or tcfg.num_steps
+    examples = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
-    examples = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, examples)
+    examples = common.stage_examples(cfg, workdir, "rl", tok, examples)
     if rl.prompt_pool > 0:
         examples = examples[: rl.prompt_pool]
+    tcfg = common.resolve_schedule(tcfg, len(examples), workdir, "rl", per_step=rl.num_prompts)
+    total = num_steps or tcfg.num_steps
     train_mesh = common.make_mesh_for(cfg)
     smesh = sample_mesh_for(rl.sample_mesh, train_mesh)
     rules = cfg.mesh.rules
 
     prompts = [prompt_ids(tok, ex.question) for ex in examples]
-    room = cfg.data.max_len - rl.max_new_tokens
+    room = rl.max_prompt_tokens or cfg.data.max_len - rl.max_new_tokens
     keep = [i for i, p in enumerate(prompts) if len(p) <= room]
     if not keep:
         raise ValueError(f"no training prompt fits data.max_len={cfg.data.max_len} - rl.max_new_tokens="
@@ -369,10 +369,9 @@ def run(
 
     evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
-    writer = _Writers(trainer.dir, enabled=jax.process_index() == 0)
-    stop = threading.Event()
-    old_handler = (signal.signal(signal.SIGTERM, lambda *_: stop.set())
-                   if threading.current_thread() is threading.main_thread() else None)
+    writer = _Writers(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
+    signals = preemption.handling_signals()
+    signals.__enter__()
     history: list[dict[str, float]] = []
     evals: list[dict[str, float]] = []
     preempted = False
@@ -398,6 +397,13 @@ def run(
             rows = [prompts[i] for i in idx for _ in range(rl.group_size)]
             out = generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed), step))
             batch = assemble_rollouts(rows, out.tokens, out.lengths, prompt_len, tok.pad_id)
+            forced = 0.0
+            if processor is not None:  # tokens the grammar chose carry no policy gradient
+                from dlr_jax.latent_grammar import forced_tokens
+
+                hit = np.asarray(forced_tokens(out.tokens, out.lengths, aux, vocab_mask))
+                batch["completion_mask"][:, prompt_len:] *= ~hit
+                forced = float(hit.sum() / max(out.lengths.sum(), 1))
             t1 = time.perf_counter()
 
             cmask = batch["completion_mask"]
@@ -421,6 +427,7 @@ def run(
 
             metrics = {
                 "updates": trainer.step, "reward": float(reward.mean()), "reward_std": float(reward.std()),
+                "forced_fraction": forced,
                 **{f"reward/{k}": float(v.mean()) for k, v in parts.items()},
                 "accuracy": float(parts["answer"].mean()),
                 "n_latents": float(np.mean([p.n_latents for p in parsed])),
@@ -439,8 +446,9 @@ def run(
                 print(f"[rl] step {step}/{total} reward {metrics['reward']:.3f} acc {metrics['accuracy']:.3f} "
                       f"#L {metrics['n_latents']:.1f} kl {metrics.get('kl', 0.0):.4f} clip "
                       f"{metrics['clip_fraction']:.3f} ({metrics['time/step']:.1f}s)", flush=True)
-            if stop.is_set():
-                print(f"[rl] SIGTERM: saving RL step {step} and exiting", flush=True)
+            # every step syncs on the host here (rewards), so all processes can agree on every step
+            if preemption.should_stop():
+                print(f"[rl] stop requested: saving RL step {step} and exiting", flush=True)
                 trainer.save(stream, force=True)
                 preempted = True
                 break
@@ -450,8 +458,7 @@ def run(
                 log_eval(step)
     finally:
         writer.close()
-        if old_handler is not None:
-            signal.signal(signal.SIGTERM, old_handler)
+        signals.__exit__(None, None, None)
     final = trainer.finalize()
     if not preempted:
         common.save_stage_model(final, workdir, "rl", kind="latent_lm", model_cfg=final.model_cfg,

@@ -22,11 +22,14 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     if mode not in ("cot", "direct"):
         raise ValueError(f"textsft mode must be cot or direct, got {mode!r}")
     stage = f"textsft_{mode}"
+    train = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
-    train = common.load_examples(cfg, cfg.data.train_split)
     tok = common.get_tokenizer(cfg, workdir, train)
+    train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)
     tcfg = cfg.train.textsft if mode == "cot" else cfg.train.textsft_direct
+    tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage)
+    model = common.new_backbone(cfg, tok, mesh)
     data = make_stage_dataset(
         "textsft",
         train,
@@ -37,8 +40,8 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         mode=mode,
         pack=cfg.data.pack,
         num_workers=cfg.data.num_workers,
+        vocab_size=model.cfg.vocab_size,
     )
-    model = common.new_backbone(cfg, tok, mesh)
     print(f"[{stage}] {common.count_params(model):,} params, {len(train):,} examples", flush=True)
     loss = functools.partial(common.lm_loss, vocab_mask=tok.vocab_padding_mask()[: tok.text_vocab_size])
     trainer = Trainer(

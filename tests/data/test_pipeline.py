@@ -215,6 +215,20 @@ def test_eval_batches(tok, examples):
     assert batches[0].max_len == lens[0]
 
 
+def test_out_of_range_token_id_is_one_clear_error_before_any_batch(examples, tok):
+    from dlr_jax.data.pipeline import TokenRangeError
+
+    # A model table too small for ids the tokenizer produces, as when a Llama-3 embedding is not grown for
+    # the added pad / boundary tokens. JAX would return NaN for these ids instead of failing.
+    rows = int(build_sequence("textsft", tok, Item(examples[0], ())).tokens.max())
+    with pytest.raises(TokenRangeError, match=rf"example '{examples[0].id}': token id \d+ is outside the "
+                       rf"embedding table of {rows} rows"):
+        make_stage_dataset("textsft", examples, tok, batch_size=B, max_len=MAX_LEN, seed=0, vocab_size=rows)
+    ds = make_stage_dataset("textsft", examples, tok, batch_size=B, max_len=MAX_LEN, seed=0,
+                            vocab_size=tok.text_vocab_size)
+    assert next(iter(ds))["tokens"].max() < tok.text_vocab_size
+
+
 def _global_batches(stage, examples, tok, table, procs, n, *, state=None, pack=False):
     """n global batches of 2 * B rows as `procs` processes would read them (rows concatenated in
     process order), plus the process-0 iterator state after them."""

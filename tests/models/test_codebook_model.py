@@ -98,6 +98,14 @@ def test_encoder_gives_n_tokens_up_to_the_pool(model, side):
     assert not np.allclose(h[0], h[1])  # the image content reaches the features
 
 
+def test_encoder_inputs_are_checked_at_trace_time(model):
+    with pytest.raises(AssertionError, match="assert_type"):  # 0..255 floats would be mis-normalised
+        jax.eval_shape(model.encode, jax.ShapeDtypeStruct((2, 64, 64), jnp.float32))
+    with pytest.raises(AssertionError, match="assert_axis_dimension"):  # canvases are square
+        jax.eval_shape(model.encode, jax.ShapeDtypeStruct((2, 64, 128), jnp.uint8))
+    assert jax.eval_shape(model.encode, jax.ShapeDtypeStruct((2, 64, 64), jnp.uint8)).shape == (2, 1, 16)
+
+
 def test_decoder_takes_any_prefix_length(model):
     targets = jnp.asarray([encode_target("1+2=3", 12)[0]] * 2)
     inputs, mask = teacher_inputs(targets)
@@ -141,3 +149,20 @@ def test_left_padded_prefixes_decode_as_alone(model):
     padded[0, :5] = 100.0  # garbage in the padding must not matter
     both = greedy_decode(model, padded, [12, 12], 12, n_valid=[3, 8])
     assert np.array_equal(both[0], alone[0][0]) and np.array_equal(both[1], alone[1][0])
+
+
+def test_code_dim_and_flow_width_are_separate_settings():
+    """d_c = latent.latent_dim; codebook.flow_hidden sets the flow (0 = d_c, the DeepEncoder V2 layout)."""
+    same = CodebookModelConfig.from_config(load_config(ROOT / "configs" / "tiny.yaml", MICRO))
+    assert same.encoder.flow.hidden_size == same.code_dim == 16 and same.encoder.code_dim == 0
+    wide = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.flow_hidden=24"])
+    cfg = CodebookModelConfig.from_config(wide)
+    assert cfg.encoder.flow.hidden_size == 24 and cfg.encoder.vision.out_channels == 24 and cfg.code_dim == 16
+    assert CodebookModelConfig.from_dict(cfg.to_dict()) == cfg
+    m = build_codebook_model(cfg, seed=0)
+    assert m.vq.codebook[...].shape == (32, 16) and m.encoder.code_proj[...].shape == (24, 16)
+    h = jax.jit(m.encode)(np.zeros((2, 128, 128), np.uint8))
+    assert h.shape == (2, 4, 16)
+    recipe = CodebookModelConfig.from_config(load_config(ROOT / "configs" / "paper" / "gsm8k.yaml"))
+    flow = recipe.encoder.flow
+    assert (flow.hidden_size, flow.num_layers, flow.num_heads * flow.head_dim, recipe.code_dim) == (896, 24, 896, 896)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,8 +109,8 @@ def test_text_logits_equal_backbone(tok, model, ids):
     text_only = np.where(np.asarray(tok.is_latent(ids)), 7, ids)  # causal: positions < 3 unchanged
     ref = _logits(model.backbone, text_only)
     assert ref.shape == (4, T, tok.text_vocab_size)
-    np.testing.assert_allclose(logits[0, :, : tok.text_vocab_size], ref[0], rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(logits[1:, :3, : tok.text_vocab_size], ref[1:, :3], rtol=1e-6, atol=1e-6)
+    v = tok.text_vocab_size  # text rows equal the backbone's where no latent is in the causal past
+    chex.assert_trees_all_close((logits[0, :, :v], logits[1:, :3, :v]), (ref[0], ref[1:, :3]), rtol=1e-6, atol=1e-6)
     assert np.abs(logits[1:, 3:, : tok.text_vocab_size] - ref[1:, 3:]).max() > 1e-3  # latents matter
     np.testing.assert_array_equal(model.vocab_mask(), tok.vocab_padding_mask())
 
@@ -292,3 +293,17 @@ def test_grow_vocab_keeps_old_rows():
                                rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="cannot shrink"):
         grow_vocab(backbone, 20)
+
+
+def test_entry_points_check_ids_at_trace_time(model, ids):
+    spec = lambda shape, dtype=jnp.int32: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    with pytest.raises(AssertionError, match="assert_type"):  # float "ids" would be cast silently
+        jax.eval_shape(model, spec(ids.shape, jnp.float32))
+    with pytest.raises(AssertionError, match="assert_equal_shape"):  # a mask for other positions
+        jax.eval_shape(lambda i, m: model(i, attention_mask=m), spec(ids.shape), spec((4, T + 1)))
+    with pytest.raises(AssertionError, match="assert_rank"):
+        jax.eval_shape(model, spec((T,)))
+    cache = jax.eval_shape(lambda: model.init_cache(4, 16))
+    with pytest.raises(AssertionError, match="assert_equal_shape"):
+        jax.eval_shape(lambda i, p, m, c: model.forward_cached(i, p, m, c), spec((4, 1)), spec((4, 2)),
+                       spec((4, 1), jnp.bool_), cache)

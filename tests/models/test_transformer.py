@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -73,8 +74,7 @@ def test_remat_policies_preserve_values_and_grads(remat):
     other = Transformer(dataclasses.replace(CFG, remat=remat), rngs=nnx.Rngs(0))
     g0 = nnx.grad(loss)(base)
     g1 = nnx.grad(loss)(other)
-    for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1), strict=True):
-        np.testing.assert_allclose(x, y, atol=1e-6)
+    chex.assert_trees_all_close(g0, g1, atol=1e-6, rtol=1e-7)  # every parameter's gradient
 
 
 def test_bf16_compute_close_to_fp32():
@@ -101,7 +101,7 @@ def test_sharded_forward_equals_single_device(mesh_shape):
     model = sh.create_sharded(lambda: Transformer(CFG, rngs=nnx.Rngs(0)), mesh)
     with sh.use_mesh(mesh):
         out = _forward(model, ids)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+    chex.assert_trees_all_close(out, ref, atol=1e-5, rtol=1e-7)
 
 
 @needs8

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import re
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,8 +111,8 @@ def test_sam_encoder_matches_transformers(pair, side):
     got_feat, got = map(np.asarray, _features_and_tokens(ours, jnp.asarray(x)))
     assert got.shape == (2, TINY_VISION.num_tokens(side), TINY_VISION.out_channels)
     assert np.abs(want).max() > 0.1  # a degenerate all-zero comparison would pass trivially
-    np.testing.assert_allclose(got_feat, want_feat, atol=TOL, rtol=0)
-    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    chex.assert_trees_all_close({"features": got_feat, "tokens": got}, {"features": want_feat, "tokens": want},
+                                atol=TOL, rtol=0)
 
 
 @pytest.mark.parametrize(("n_in", "n_out"), [(64, 8), (64, 12), (8, 4), (8, 12), (9, 5), (8, 8)])

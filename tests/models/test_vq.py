@@ -121,6 +121,8 @@ def test_mask_averages_over_valid_positions_only():
         quantize(h, cb, mask=jnp.ones((7, 3), bool))
     with pytest.raises(ValueError, match="feature dim"):
         quantize(h[..., :8], cb)
+    with pytest.raises(AssertionError, match="assert_type"):  # chex: integer features are refused
+        quantize(jnp.round(h).astype(jnp.int32), cb)
 
 
 def test_noise_is_deterministic_and_sigma_zero_is_no_noise():

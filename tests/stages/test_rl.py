@@ -94,13 +94,15 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
         more += ["mesh.fsdp=8", "rl.sample_mesh=data=2,fsdp=1,tensor=4"]
     else:
         print(f"resuming on one device: the sharded part needs 8 devices, have {jax.device_count()}")
+    with open(w / "rl" / "metrics.jsonl", "a") as f:  # a row a run logged before dying, past its checkpoint
+        f.write(json.dumps({"step": 2, "stale": True}) + "\n")
     second = rl.run(apply_overrides(cfg, more), w, num_steps=2)
     (m2,) = second.history
     assert m2["step"] == 2 and "reward/process" not in m2
     assert 0 <= m2["reward/test_completion_share"] <= 1
     assert m2["logprob_gap/max"] < 1e-3 and abs(m2["ratio_first_update"] - 1) < 1e-4 and m2["clip_fraction"] == 0
     lines = _lines(w / "rl" / "metrics.jsonl")
-    assert [m["step"] for m in lines] == [1, 2] and lines[1]["updates"] == 2
+    assert [m["step"] for m in lines] == [1, 2] and lines[1]["updates"] == 2 and "stale" not in lines[1]
     state = json.loads((w / "rl" / "checkpoints" / "2" / "data" / "metadata").read_text())
     assert state["steps"] == 2 and state["pos"] == 4  # the prompt stream went on, not back to the start
     if jax.device_count() >= 8:

@@ -1,0 +1,101 @@
+"""The data protocol: which training examples each stage reads, and how many steps an epoch is.
+
+The paper splits the training set between supervised stages and RL (GSM8K-Aug: 300k SFT / 85k RL;
+MATH: 12k -> 7.5k / 4.5k) and drops chains of thought longer than 2,048 tokens. Here:
+
+- `cot_length_filter`: examples whose CoT tokenises to more than `max_cot_tokens` are left out of
+  every stage (counted, never silently);
+- `split_sft_rl`: the RL part is the examples whose hash of (split_seed, example id) ranks lowest, so
+  the split does not depend on the file's order, the number of processes or the run seed;
+- `steps_for_epochs`: `num_epochs` passes over n examples at a global batch size, rounded up.
+
+`record` writes what was chosen to `<workdir>/data_protocol.json` (counts and a digest of the ids per
+part), so two runs can be checked to have trained on the same examples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlr_jax.data.records import Example
+
+PARTS = ("sft", "rl")
+PROTOCOL_FILE = "data_protocol.json"
+
+
+def _rank(example_id: str, seed: int) -> bytes:
+    return hashlib.sha256(f"{seed}:{example_id}".encode()).digest()
+
+
+def rl_count(n: int, rl_split: float) -> int:
+    """Examples of n that go to RL: a fraction (< 1) or a count (>= 1) of them."""
+    if rl_split < 0:
+        raise ValueError(f"data.rl_split must be >= 0, got {rl_split}")
+    if rl_split == 0:
+        return 0
+    k = round(rl_split * n) if rl_split < 1 else int(rl_split)
+    if rl_split >= 1 and rl_split != int(rl_split):
+        raise ValueError(f"data.rl_split={rl_split}: a count must be a whole number (a fraction must be < 1)")
+    if not 0 < k < n:
+        raise ValueError(
+            f"data.rl_split={rl_split} leaves {k} of {n} training examples for RL and {n - k} for SFT; "
+            "both parts must be non-empty"
+        )
+    return k
+
+
+def split_sft_rl(examples: Sequence[Example], rl_split: float, seed: int = 0) -> dict[str, list[Example]]:
+    """{"sft": [...], "rl": [...]}, each in the file's order. rl_split = 0: both are every example."""
+    k = rl_count(len(examples), rl_split)
+    if k == 0:
+        return {"sft": list(examples), "rl": list(examples)}
+    ids = [ex.id for ex in examples]
+    if len(set(ids)) != len(ids):
+        raise ValueError("split_sft_rl needs unique example ids")
+    rl_ids = set(sorted(ids, key=lambda i: _rank(i, seed))[:k])
+    return {"sft": [ex for ex in examples if ex.id not in rl_ids], "rl": [ex for ex in examples if ex.id in rl_ids]}
+
+
+def cot_length_filter(examples: Sequence[Example], count_tokens, max_cot_tokens: int) -> tuple[list[Example], int]:
+    """(examples whose CoT has at most max_cot_tokens tokens, number dropped); 0 = keep all.
+    `count_tokens(text) -> int`."""
+    if max_cot_tokens <= 0:
+        return list(examples), 0
+    kept = [ex for ex in examples if count_tokens(ex.cot) <= max_cot_tokens]
+    return kept, len(examples) - len(kept)
+
+
+def steps_for_epochs(num_epochs: float, n: int, batch_size: int) -> int:
+    """Optimizer steps for num_epochs passes over n examples at batch_size, rounded up (>= 1)."""
+    if num_epochs <= 0 or n <= 0 or batch_size <= 0:
+        raise ValueError(f"need num_epochs, n and batch_size > 0, got {num_epochs}, {n}, {batch_size}")
+    return max(1, math.ceil(num_epochs * n / batch_size))
+
+
+def ids_digest(examples: Sequence[Example]) -> str:
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(ex.id.encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def record(workdir: str | Path, info: dict[str, Any]) -> Path:
+    """Writes (or checks against) `<workdir>/data_protocol.json`: a rerun must see the same split."""
+    f = Path(workdir) / PROTOCOL_FILE
+    if f.is_file():
+        old = json.loads(f.read_text())
+        if old != info:
+            diff = sorted(k for k in set(old) | set(info) if old.get(k) != info.get(k))
+            raise ValueError(
+                f"{f}: this run's data protocol differs from the recorded one in {diff}; the stages of one "
+                "workdir must train on one split (use a new workdir)"
+            )
+        return f
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(info, indent=2) + "\n")
+    return f

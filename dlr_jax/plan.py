@@ -1,0 +1,480 @@
+"""`python -m dlr_jax.plan --config C --stage S --mesh data=1,fsdp=8,tensor=1 --device h100|h200|tpu-v5p|cpu`
+
+Plans a stage before renting the machine: lowers and compiles the stage's real jitted step (the
+function the Trainer / sampler runs, with its shardings, dtypes, remat and donation) from abstract
+shapes — no parameter is allocated — for the target's devices, deviceless (`dlr_jax.plan_targets`).
+Stages: `align`, `sft` (+ its dual-branch OCR decoder when `latent.dual_branch` is on), `rl` (the
+GRPO update), `rollout` (prefill + the decode loop over a full KV cache), `codebook` (encoder + VQ +
+OCR decoder).
+
+Per device it prints XLA's buffer assignment (arguments, outputs, aliased, temporaries; peak =
+arguments + outputs - aliased + temporaries, against the HBM), the step's FLOPs (counted on the jaxpr
+with every loop body times its trip count, `dlr_jax.plan_flops`: XLA's cost analysis counts a `while`
+body once, and is shown beside it), bytes accessed (XLA), tokens per step, a roofline step time
+(max of FLOPs / peak and bytes / bandwidth) with the MFU it implies, and for the recipe's data size
+the stage's total FLOPs next to the paper's figure. `--search` tries remat policies, micro-batches
+(grad_accum) and mesh shapes of the same device count and reports the fastest plan that fits.
+`--json` prints one JSON object per plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dlr_jax.config import Config, load_config
+from dlr_jax.plan_buffers import largest_values
+from dlr_jax.plan_flops import FlopCount, count_jaxpr
+from dlr_jax.plan_targets import TARGETS, Target, target_mesh
+from dlr_jax.sharding import MESH_AXES, logical_to_spec, parse_mesh_spec, state_shardings, use_mesh
+
+STAGES = ("align", "sft", "rl", "rollout", "codebook")
+# The paper's total compute per stage (appendix table "FLOPS", one 8 x H100 node, bf16).
+PAPER_TOTAL_FLOPS = {"codebook": 780e15, "align": 208e15, "sft": 325e15, "rl": 1365e15}
+BOUNDARY_TOKENS = 5  # <pad> and the four boundary tokens a tokenizer may add past the checkpoint's rows
+
+
+@dataclasses.dataclass
+class Program:
+    """One jitted program, ready to lower: `jitted.lower(*args)`; `flops_fn(*args)` is the pure function."""
+
+    stage: str
+    jitted: Any
+    pure: Callable
+    args: tuple
+    tokens_per_step: int
+    steps_per_epoch_examples: int  # examples one step consumes (for totals)
+    while_trips: Callable[[Any], int | None] | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _KEY_DTYPE() -> Any:  # noqa: N802 - a constant, computed without placing an array on any device
+    return jax.eval_shape(lambda: jax.random.key(0)).dtype
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _state_abstract(state: nnx.State, mesh: Mesh, rules: str) -> tuple[Any, Any]:
+    """(abstract state: ShapeDtypeStructs with shardings from the logical axes, the shardings tree)."""
+    prefix = state_shardings(state, mesh, rules)
+    full = jax.tree.map(lambda sh, var: jax.tree.map(lambda _: sh, var), prefix, state)
+    return _abstract(state, full), full
+
+
+def latent_lm_abstract(cfg: Config):
+    """(graphdef-carrying abstract LatentLM, its LatentConfig) sized as a run from `cfg.model` would be."""
+    from dlr_jax.models.latent_lm import LatentConfig, build_latent_lm
+
+    mult = cfg.tokenizer.pad_multiple
+    text_rows = _round_up(cfg.model.vocab_size + BOUNDARY_TOKENS, mult)
+    k = cfg.latent.num_latents
+    lat = LatentConfig(num_latents=k, latent_dim=cfg.latent.latent_dim, latent_offset=text_rows,
+                       total_vocab_size=_round_up(text_rows + k, mult), tie_projectors=cfg.latent.tie_projectors,
+                       codebook_trainable=cfg.latent.train_codebook_in_sft)
+    mcfg = dataclasses.replace(cfg.model, vocab_size=text_rows)
+    return nnx.eval_shape(lambda: build_latent_lm(mcfg, lat, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))), lat
+
+
+def _batch_sds(mesh: Mesh, rules: str, accum: int, micro: int, fields: dict[str, tuple[tuple[int, ...], Any]]):
+    spec = logical_to_spec(("batch",), (micro,), mesh, rules)
+    out = {}
+    for k, (shape, dtype) in fields.items():
+        sh = NamedSharding(mesh, PartitionSpec(None, spec[0], *([None] * len(shape))))
+        out[k] = jax.ShapeDtypeStruct((accum, micro, *shape), dtype, sharding=sh)
+    return out
+
+
+def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
+    """The Trainer's step for align / sft / rl (`trainer.build_step_fn`), abstractly."""
+    from dlr_jax.models.latent_lm import filter_for_stage
+    from dlr_jax.stages.common import lm_loss
+    from dlr_jax.trainer import build_step_fn, make_optimizer, opt_state_shardings
+
+    rules = cfg.mesh.rules
+    model, lat = latent_lm_abstract(cfg)
+    tcfg = getattr(cfg.train, stage)
+    vocab_mask = np.ones(lat.total_vocab_size, bool)
+    notes = []
+    seq = cfg.data.max_len
+    if stage == "rl":
+        from dlr_jax.stages.rl import make_grpo_loss
+
+        rl = cfg.rl
+        loss = make_grpo_loss(temperature=rl.temperature, vocab_mask=vocab_mask, epsilon=rl.epsilon,
+                              epsilon_high=rl.epsilon_high, beta=rl.beta, loss_agg_mode=rl.loss_agg_mode,
+                              max_completion_length=rl.max_new_tokens)
+        prompt = _round_up(rl.max_prompt_tokens or max(1, seq - rl.max_new_tokens), cfg.sampling.prompt_bucket)
+        seq = prompt + rl.max_new_tokens
+        fields = {"tokens": ((seq,), jnp.int32), "attention_mask": ((seq,), jnp.int32),
+                  "completion_mask": ((seq,), jnp.float32), "old_logps": ((seq,), jnp.float32),
+                  "advantages": ((), jnp.float32)}
+        if rl.beta != 0:
+            fields["ref_logps"] = ((seq,), jnp.float32)
+        notes.append(f"GRPO update: {tcfg.batch_size} rollouts of {prompt} prompt + {rl.max_new_tokens} new tokens")
+    else:
+        import functools
+
+        loss = functools.partial(lm_loss, vocab_mask=vocab_mask)
+        fields = {k: ((seq,), jnp.int32) for k in ("tokens", "loss_mask", "segment_ids", "positions")}
+    trainable = filter_for_stage(stage, lat)
+    if stage == "sft" and cfg.latent.dual_branch == "on":
+        model, loss, trainable, extra = _dual_branch(cfg, model, trainable, vocab_mask)
+        fields |= extra
+        notes.append("with the dual-branch OCR decoder")
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+    p_abs, p_sh = _state_abstract(params, mesh, rules)
+    r_abs, r_sh = _state_abstract(rest, mesh, rules)
+    tx, schedule = make_optimizer(tcfg)
+    o_sh = opt_state_shardings(tx, p_abs, mesh)
+    o_abs = _abstract(jax.eval_shape(tx.init, p_abs), o_sh)
+    accum = tcfg.grad_accum
+    batch = _batch_sds(mesh, rules, accum, tcfg.batch_size // accum, fields)
+    rng = jax.ShapeDtypeStruct((), _KEY_DTYPE())
+    step = jax.ShapeDtypeStruct((), jnp.int32)
+    pure = build_step_fn(graphdef, loss, tx, schedule)
+    jitted = jax.jit(pure, in_shardings=(p_sh, r_sh, o_sh, None, None, None), out_shardings=(p_sh, o_sh, None),
+                     donate_argnums=(0, 2))
+    return Program(stage, jitted, pure, (p_abs, r_abs, o_abs, batch, rng, step), tcfg.batch_size * seq,
+                   tcfg.batch_size, notes=tuple(notes))
+
+
+def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
+    import functools
+
+    from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
+    from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch
+    from dlr_jax.stages.sft import dual_branch_loss
+
+    dcfg = CodebookModelConfig.from_config(cfg)
+    d = cfg.model.hidden_size
+
+    def build():
+        cb = CodebookModel(dcfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))
+        return DualBranchLM(lm, OCRBranch(dcfg, d, rngs=nnx.Rngs(0), decoder=cb.decoder))
+
+    model = nnx.eval_shape(build)
+    loss = functools.partial(dual_branch_loss, vocab_mask=vocab_mask, weight=cfg.latent.dual_branch_weight,
+                             dropout=cfg.codebook.char_dropout)
+    n = dcfg.num_queries
+    extra = {"ocr_targets": ((dcfg.max_text_len,), jnp.int32), "ocr_codes": ((n,), jnp.int32),
+             "ocr_code_mask": ((n,), jnp.int32)}
+    return model, loss, nnx.Any(trainable, OCR_PARAMS), extra
+
+
+def rollout_program(cfg: Config, mesh: Mesh) -> Program:
+    """The sampler's decode loop (`sampling._decode`) over a full KV cache, with the prefill's cache as
+    input: one rollout batch of rl.num_prompts x rl.group_size rows."""
+    from dlr_jax.sampling import Sampler, _decode, _DecodeCfg
+
+    rules = cfg.mesh.rules
+    model, lat = latent_lm_abstract(cfg)
+    graphdef, state = nnx.split(model)
+    s_abs, _ = _state_abstract(state, mesh, rules)
+    rl = cfg.rl
+    b = rl.num_prompts * rl.group_size
+    prompt = _round_up(rl.max_prompt_tokens or max(1, cfg.data.max_len - rl.max_new_tokens),
+                       cfg.sampling.prompt_bucket)
+    cache_len = prompt + rl.max_new_tokens
+    sampler = Sampler((graphdef, s_abs), mesh=mesh, rules=rules, prompt_bucket=cfg.sampling.prompt_bucket)
+    _, decode = sampler._get_fns(b, cache_len, lat.total_vocab_size)
+    cache_abs = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(b, cache_len))
+    cache_sh = sampler._cache_shardings(b, cache_len)
+    cache = _abstract(cache_abs, cache_sh)
+    f32, i32 = jnp.float32, jnp.int32
+    bv = NamedSharding(mesh, logical_to_spec(("batch", "act_vocab"), (b, lat.total_vocab_size), mesh, rules))
+    rep = NamedSharding(mesh, PartitionSpec())
+    dcfg = _DecodeCfg(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None, True)
+    args = (graphdef, dcfg, s_abs, cache, jax.ShapeDtypeStruct((b, lat.total_vocab_size), f32, sharding=bv),
+            jax.ShapeDtypeStruct((b,), i32), jax.ShapeDtypeStruct((8,), i32, sharding=rep),
+            jax.ShapeDtypeStruct((lat.total_vocab_size,), bool, sharding=rep), jax.ShapeDtypeStruct((), i32),
+            jax.ShapeDtypeStruct((), f32), jax.ShapeDtypeStruct((), f32),
+            jax.ShapeDtypeStruct((), _KEY_DTYPE()), None)
+    trips = rl.max_new_tokens - 1
+    return Program("rollout", decode, _decode, args, b * rl.max_new_tokens, rl.num_prompts,
+                   while_trips=lambda eqn: trips,
+                   notes=(f"{b} rows, cache of {cache_len} ({prompt} prompt + {rl.max_new_tokens} new); "
+                          f"FLOPs count {trips} decode steps",))
+
+
+def build_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
+    if stage in ("align", "sft", "rl"):
+        return train_program(cfg, stage, mesh)
+    if stage == "rollout":
+        return rollout_program(cfg, mesh)
+    if stage == "codebook":
+        return codebook_program(cfg, mesh)
+    raise ValueError(f"unknown stage {stage!r}; plan one of {STAGES}")
+
+
+def codebook_program(cfg: Config, mesh: Mesh) -> Program:
+    import functools
+
+    from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
+    from dlr_jax.stages.codebook import codebook_loss
+    from dlr_jax.trainer import build_step_fn, make_optimizer, opt_state_shardings
+
+    rules, cb = cfg.mesh.rules, cfg.codebook
+    mcfg = CodebookModelConfig.from_config(cfg)
+    model = nnx.eval_shape(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg"))))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    p_abs, p_sh = _state_abstract(params, mesh, rules)
+    r_abs, r_sh = _state_abstract(rest, mesh, rules)
+    tx, schedule = make_optimizer(cb.train)
+    o_sh = opt_state_shardings(tx, p_abs, mesh)
+    o_abs = _abstract(jax.eval_shape(tx.init, p_abs), o_sh)
+    side = cb.max_side  # the largest canvas: the memory bound of the stage
+    accum = cb.train.grad_accum
+    batch = _batch_sds(mesh, rules, accum, cb.train.batch_size // accum,
+                       {"images": ((side, side), jnp.uint8), "targets": ((cb.max_text_len,), jnp.int32),
+                        "alpha": ((), jnp.float32)})
+    loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
+    pure = build_step_fn(graphdef, loss, tx, schedule)
+    jitted = jax.jit(pure, in_shardings=(p_sh, r_sh, o_sh, None, None, None), out_shardings=(p_sh, o_sh, None),
+                     donate_argnums=(0, 2))
+    rng = jax.ShapeDtypeStruct((), _KEY_DTYPE())
+    n = (side // 64) ** 2
+    return Program("codebook", jitted, pure, (p_abs, r_abs, o_abs, batch, rng, jax.ShapeDtypeStruct((), jnp.int32)),
+                   cb.train.batch_size * (n + cb.max_text_len), cb.train.batch_size,
+                   notes=(f"{side}-px canvases (N = {n}), the stage's largest", "alpha > 0: CE(H) included"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile, measure, estimate.
+
+
+def _memory(compiled: Any) -> dict[str, float]:
+    m = compiled.memory_analysis()
+    if m is None:
+        return {}
+    get = lambda name: float(getattr(m, name, 0) or 0)  # noqa: E731
+    out = {"argument_bytes": get("argument_size_in_bytes"), "output_bytes": get("output_size_in_bytes"),
+           "alias_bytes": get("alias_size_in_bytes"), "temp_bytes": get("temp_size_in_bytes"),
+           "generated_code_bytes": get("generated_code_size_in_bytes")}
+    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    return out
+
+
+def _xla_cost(compiled: Any) -> dict[str, float]:
+    """XLA's cost analysis of the compiled program (loop bodies counted once). Deviceless GPU
+    executables return none, so their optimised HLO is analysed by the CPU client's HLO cost model."""
+    c = None
+    try:
+        c = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - some deviceless targets do not provide it
+        c = None
+    if isinstance(c, list):
+        c = c[0] if c else None
+    if not c:
+        try:
+            from jax._src.lib import xla_client
+
+            module = compiled.runtime_executable().hlo_modules()[0]
+            c = xla_client._xla.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
+        except Exception:  # noqa: BLE001 - private API; without it the planner falls back to a bound
+            return {}
+    return {"xla_flops_loop_bodies_once": float(c.get("flops", 0.0)),
+            "xla_bytes_accessed": float(c.get("bytes accessed", 0.0))}
+
+
+def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int]) -> dict[str, Any]:
+    mesh = target_mesh(target, mesh_shape)
+    with use_mesh(mesh):
+        prog = build_program(cfg, stage, mesh)
+        lowered = prog.jitted.lower(*prog.args)
+        compiled = lowered.compile()
+        static = (0, 1) if stage == "rollout" else ()
+        jaxpr = jax.make_jaxpr(prog.pure, static_argnums=static)(*prog.args)
+    flops: FlopCount = count_jaxpr(jaxpr, prog.while_trips)
+    n = mesh.size
+    mem = _memory(compiled)
+    xla = _xla_cost(compiled)
+    per_dev_flops = flops.total / n
+    out: dict[str, Any] = {
+        "stage": stage, "device": target.name, "deviceless": target.deviceless, "devices": n,
+        "mesh": dict(mesh_shape), "remat": cfg.model.remat, "grad_accum": _accum(cfg, stage),
+        "tokens_per_step": prog.tokens_per_step, "notes": list(prog.notes),
+        "flops_per_step": flops.total, "flops_per_device": per_dev_flops, "matmul_flops": flops.matmul,
+        "loops_counted_once": flops.unknown_loops, **mem, **xla,
+    }
+    try:
+        vocab = latent_lm_abstract(cfg)[1].total_vocab_size if stage != "codebook" else None
+        out["largest_values"] = largest_values(compiled.as_text(), k=8, vocab=vocab)
+    except Exception as e:  # noqa: BLE001 - itemising is a courtesy; the totals above stand without it
+        out["notes"].append(f"largest values not itemised: {type(e).__name__}")
+    if target.platform == "cpu":
+        out["notes"].append("CPU fake-device compile: a fallback, not a stand-in for GPU/TPU memory or speed")
+    hbm = target.hbm_bytes
+    if mem:
+        out["hbm_bytes"] = hbm
+        out["fits"] = bool(mem["peak_bytes"] <= hbm)
+    if math.isfinite(target.peak_flops):
+        t_compute = per_dev_flops / target.peak_flops
+        bytes_dev, source = xla.get("xla_bytes_accessed"), "xla cost analysis, loop bodies scaled like its FLOPs"
+        if bytes_dev and xla.get("xla_flops_loop_bodies_once"):
+            # XLA's bytes count loop bodies once too: scale by the same factor as its FLOPs
+            bytes_dev *= max(1.0, per_dev_flops / max(xla["xla_flops_loop_bodies_once"], 1.0))
+        elif mem:  # no cost analysis for deviceless GPU: every buffer moved at least once
+            bytes_dev = mem["argument_bytes"] + mem["output_bytes"] + 2 * mem["temp_bytes"]
+            source = "lower bound: arguments + outputs + 2 x temporaries (no XLA cost analysis for this target)"
+        t_memory = (bytes_dev or 0.0) / target.hbm_bandwidth
+        t = max(t_compute, t_memory)
+        out |= {"bytes_per_device": bytes_dev, "bytes_source": source, "roofline_step_s": t,
+                "roofline_bound": "compute" if t_compute >= t_memory else "memory",
+                "roofline_mfu": t_compute / t if t > 0 else None}
+    total = stage_total_flops(cfg, stage, flops.total, prog)
+    if total:
+        out |= total
+    return out
+
+
+def _accum(cfg: Config, stage: str) -> int:
+    if stage == "codebook":
+        return cfg.codebook.train.grad_accum
+    if stage == "rollout":
+        return 1
+    return getattr(cfg.train, stage).grad_accum
+
+
+def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Program) -> dict[str, Any] | None:
+    """The stage's total FLOPs for the recipe's data size (paper data sizes; num_epochs), next to the paper's."""
+    from dlr_jax.data.protocol import rl_count
+    from dlr_jax.data.readers import BENCHMARKS
+
+    spec = BENCHMARKS.get(cfg.data.dataset)
+    n_train = (spec.counts or {}).get(cfg.data.train_split) if spec is not None else None
+    if not n_train:
+        return None
+    n_rl = rl_count(n_train, cfg.data.rl_split)
+    if stage in ("align", "sft"):
+        tcfg, n = getattr(cfg.train, stage), n_train - n_rl
+    elif stage in ("rl", "rollout"):
+        tcfg, n = cfg.train.rl, n_rl or n_train
+    else:
+        tcfg, n = cfg.codebook.train, n_train
+    epochs = tcfg.num_epochs or (tcfg.num_steps * prog.steps_per_epoch_examples / n)
+    steps = math.ceil(epochs * n / prog.steps_per_epoch_examples)
+    if stage == "rl":  # each RL step runs mu updates over its rollout batch
+        steps *= cfg.rl.inner_epochs * cfg.rl.num_prompts * cfg.rl.group_size // cfg.train.rl.batch_size
+    total = steps * flops_per_step
+    out = {"stage_examples": n, "stage_steps": steps, "stage_total_flops": total}
+    paper_key = "rl" if stage in ("rl", "rollout") else stage
+    if paper_key in PAPER_TOTAL_FLOPS:
+        out["paper_total_flops"] = PAPER_TOTAL_FLOPS[paper_key]
+        if stage == "rollout":
+            out["notes_total"] = "rollout only; the paper's RL figure covers rollouts + updates + scoring"
+    return out
+
+
+def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[str, Any] | None, list[dict]]:
+    """Remat x grad_accum x mesh shapes of `devices` devices: the fastest (roofline) plan that fits."""
+    meshes = []
+    for tensor in (1, 2, 4, 8):
+        if devices % tensor == 0:
+            meshes.append({"data": 1, "fsdp": devices // tensor, "tensor": tensor})
+    if devices >= 2:
+        meshes.append({"data": 2, "fsdp": devices // 2, "tensor": 1})
+    tried = []
+    for remat in ("none", "dots", "full"):
+        for accum in (1, 2, 4, 8):
+            c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
+            if stage in ("align", "sft", "rl"):
+                t = getattr(c.train, stage)
+                if t.batch_size % (accum * devices) and t.batch_size % accum:
+                    continue
+                c = dataclasses.replace(c, train=dataclasses.replace(
+                    c.train, **{stage: dataclasses.replace(t, grad_accum=accum)}))
+            elif accum > 1:
+                continue
+            for mesh in meshes:
+                try:
+                    r = plan_once(c, stage, target, mesh)
+                except Exception as e:  # noqa: BLE001 - a plan that does not compile is a row, not a crash
+                    r = {"remat": remat, "grad_accum": accum, "mesh": mesh, "error": f"{type(e).__name__}: {e}"[:300]}
+                tried.append(r)
+    ok = [r for r in tried if r.get("fits") and "roofline_step_s" in r]
+    best = min(ok, key=lambda r: r["roofline_step_s"]) if ok else None
+    return best, tried
+
+
+def format_plan(r: dict[str, Any]) -> str:
+    g = lambda b: f"{b / (1 << 30):.2f} GiB" if b >= 1 << 30 else f"{b / (1 << 20):.1f} MiB"  # noqa: E731
+    lines = [f"plan: stage {r['stage']} on {r['devices']} x {r['device']} mesh {r['mesh']} remat={r['remat']} "
+             f"grad_accum={r['grad_accum']}" + ("" if r["deviceless"] else " (CPU fallback)")]
+    if "peak_bytes" in r:
+        lines.append(f"  memory / device: arguments {g(r['argument_bytes'])}, outputs {g(r['output_bytes'])}, "
+                     f"aliased {g(r['alias_bytes'])}, temporaries {g(r['temp_bytes'])} -> peak {g(r['peak_bytes'])}"
+                     + (f" of {g(r['hbm_bytes'])} HBM: {'fits' if r['fits'] else 'DOES NOT FIT'}"
+                        if math.isfinite(r.get("hbm_bytes", math.inf)) else ""))
+    lines.append(f"  FLOPs / step {r['flops_per_step']:.3e} ({r['flops_per_device']:.3e} per device; XLA's count "
+                 f"with loop bodies once: {r.get('xla_flops_loop_bodies_once', float('nan')):.3e}); tokens / step "
+                 f"{r['tokens_per_step']:,}")
+    if "roofline_step_s" in r:
+        lines.append(f"  roofline: {r['roofline_step_s'] * 1e3:.1f} ms / step ({r['roofline_bound']}-bound), "
+                     f"MFU <= {100 * (r['roofline_mfu'] or 0):.0f} %")
+    if "stage_total_flops" in r:
+        paper = r.get("paper_total_flops")
+        vs = f" (paper: {paper / 1e15:.0f} P)" if paper else ""
+        lines.append(f"  whole stage: {r['stage_steps']:,} steps over {r['stage_examples']:,} examples = "
+                     f"{r['stage_total_flops'] / 1e15:.0f} PFLOPs{vs}")
+    if r.get("largest_values"):
+        lines.append("  largest values (HLO, a buffer may hold several; * = vocabulary-sized):")
+        for v in r["largest_values"][:6]:
+            star = "*" if v["vocab_sized"] else " "
+            lines.append(f"   {star} {g(v['bytes']):>10} {v['dtype']}{v['shape']} {v['hlo_op']} x{v['count']}  "
+                         f"{v['op_name'][-60:]}")
+    lines += [f"  note: {n}" for n in r.get("notes", [])]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dlr_jax.plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True, help="YAML config, e.g. configs/llama3.1-8b.yaml")
+    ap.add_argument("--stage", required=True, choices=STAGES)
+    ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1", help="mesh shape (explicit sizes)")
+    ap.add_argument("--device", default="h100", choices=sorted(TARGETS))
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    ap.add_argument("--search", action="store_true", help="try remat / grad_accum / mesh shapes; print the best")
+    ap.add_argument("--json", action="store_true", help="JSON output")
+    a = ap.parse_args(argv)
+    cfg = load_config(a.config, a.overrides)
+    target = TARGETS[a.device]
+    shape = parse_mesh_spec(a.mesh)
+    if a.search:
+        best, tried = search(cfg, a.stage, target, math.prod(shape[k] for k in MESH_AXES))
+        if a.json:
+            print(json.dumps({"best": best, "tried": tried}, default=float))
+        else:
+            for r in tried:
+                if "error" in r:
+                    print(f"  {r['mesh']} remat={r['remat']} accum={r['grad_accum']}: {r['error']}")
+                else:
+                    print(f"  {r['mesh']} remat={r['remat']} accum={r['grad_accum']}: peak "
+                          f"{r.get('peak_bytes', 0) / (1 << 30):.1f} GiB, {r.get('roofline_step_s', 0) * 1e3:.1f} ms"
+                          f"{'' if r.get('fits') else ' (does not fit)'}")
+            print("best:\n" + (format_plan(best) if best else "  nothing fits"))
+        return 0 if best else 1
+    r = plan_once(cfg, a.stage, target, shape)
+    print(json.dumps(r, default=float) if a.json else format_plan(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""A table of plans (`dlr_jax.plan`) for several configs, stages and devices, written to BENCHMARKS.md.
+
+    JAX_PLATFORMS=cpu python -m dlr_jax.plan_report --configs configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml \\
+        --stages sft,rl,rollout --devices h100,tpu-v5p --out BENCHMARKS.md
+
+Each cell is one deviceless compile (`plan.plan_once`); `--jsonl F` also keeps every plan as a line of
+JSON, and `--from-jsonl F` rebuilds the table from such a file without compiling again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+GiB = 1 << 30
+
+
+def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
+    out = [
+        "## plan: deviceless AOT compiles of the paper recipe (per device)",
+        "",
+        f"Command: `{command}` ({machine}). Memory is XLA's buffer assignment for the target (peak = arguments "
+        "+ outputs - aliased + temporaries); FLOPs are counted on the step's jaxpr with every loop body times "
+        "its trip count (XLA's own cost analysis sees a `while` body once); time and MFU are a roofline "
+        "(max of FLOPs / peak and bytes / bandwidth), not a measurement. Every row pads its sequences to the "
+        "recipe's 256 tokens (global batch 64), so the stage totals assume no packing.",
+        "",
+        "| config | stage | device | mesh (d,f,t) | remat | peak / HBM | fits | FLOPs / step | roofline | MFU "
+        "| largest vocab-sized value | stage total (paper) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r.get('config', '')} | {r['stage']} | {r['device']} | | | | error: {r['error'][:80]} "
+                       "| | | | | |")
+            continue
+        mesh = r["mesh"]
+        vocab = next((v for v in r.get("largest_values", []) if v["vocab_sized"]), None)
+        vtxt = f"{vocab['dtype']}{vocab['shape']} {vocab['bytes'] / GiB:.2f} GiB" if vocab else ""
+        total = r.get("stage_total_flops")
+        ttxt = f"{total / 1e15:,.0f} P" if total else ""
+        if r.get("paper_total_flops"):
+            ttxt += f" ({r['paper_total_flops'] / 1e15:,.0f} P)"
+        mfu = r.get("roofline_mfu")
+        out.append(
+            f"| {r.get('config', '')} | {r['stage']} | {r['device']} | {mesh['data']},{mesh['fsdp']},{mesh['tensor']} "
+            f"| {r['remat']} | {r['peak_bytes'] / GiB:.1f} / {r['hbm_bytes'] / GiB:.0f} GiB | "
+            f"{'yes' if r['fits'] else '**no**'} | {r['flops_per_step']:.2e} | "
+            f"{r['roofline_step_s'] * 1e3:.0f} ms ({r['roofline_bound']}) | "
+            f"{'' if mfu is None else f'{100 * mfu:.0f} %'} | {vtxt} | {ttxt} |")
+    out += ["", "Notes: the GRPO update (`rl`) row is one optimizer step over 64 rollouts (μ = 4 such steps per "
+            "RL step); `rollout` is the decode loop of one RL step's 64 rollouts (2 prompts × G 32) over a full "
+            "KV cache; the paper's RL figure covers rollouts, scoring and updates together."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from dlr_jax.bench import write_section
+
+    ap = argparse.ArgumentParser(prog="python -m dlr_jax.plan_report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml")
+    ap.add_argument("--stages", default="sft,rl,rollout")
+    ap.add_argument("--devices", default="h100,tpu-v5p")
+    ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1")
+    ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    ap.add_argument("--jsonl", type=Path, help="also write every plan here, one JSON object a line")
+    ap.add_argument("--from-jsonl", type=Path, help="build the table from saved plans (each with a 'config' key)")
+    a = ap.parse_args(argv)
+    command = ("JAX_PLATFORMS=cpu python -m dlr_jax.plan_report " +
+               f"--configs {a.configs} --stages {a.stages} --devices {a.devices} --mesh {a.mesh}")
+    rows: list[dict[str, Any]] = []
+    if a.from_jsonl:
+        rows = [json.loads(line) for line in a.from_jsonl.read_text().splitlines() if line.startswith("{")]
+    else:
+        from dlr_jax import plan
+        from dlr_jax.config import load_config
+        from dlr_jax.plan_targets import TARGETS
+        from dlr_jax.sharding import parse_mesh_spec
+
+        shape = parse_mesh_spec(a.mesh)
+        for path in a.configs.split(","):
+            cfg = load_config(path)
+            for device in a.devices.split(","):
+                for stage in a.stages.split(","):
+                    try:
+                        r = plan.plan_once(cfg, stage, TARGETS[device], shape)
+                    except Exception as e:  # noqa: BLE001 - a failed compile is a row of the table
+                        r = {"stage": stage, "device": device, "error": f"{type(e).__name__}: {e}"}
+                    r["config"] = Path(path).stem
+                    rows.append(r)
+                    print(plan.format_plan(r) if "error" not in r else r, flush=True)
+                    if a.jsonl:
+                        with open(a.jsonl, "a") as f:
+                            f.write(json.dumps(r, default=float) + "\n")
+    day = datetime.date.today().isoformat()
+    machine = f"{platform.processor() or platform.machine()} host, no accelerator, {day}"
+    write_section(a.out, "plan", table(rows, command=command, machine=machine))
+    print(f"wrote the plan section of {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

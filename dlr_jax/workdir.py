@@ -1,0 +1,219 @@
+"""One writer per workdir, and a workdir that always says what ran in it.
+
+`open_run(cfg, workdir)` is what `python -m dlr_jax.train` does before any stage writes a file:
+
+1. **The lock.** `<workdir>/.lock` is created exclusively (O_CREAT|O_EXCL, atomic on local and NFS v3+
+   file systems) and holds the writer's pid, host and start time. A second run on the same workdir
+   fails at once with `WorkdirLocked` naming the holder. A lock whose pid is dead on this host is
+   stale (a kill -9) and is taken over with a note; a lock held from another host cannot be checked
+   from here, so the error says which host holds it and that the file may be deleted if that run is gone.
+2. **The config check.** The run's resolved config is compared with the workdir's `config.yaml`
+   before anything is written. Keys that change what was built or read (the model, tokenizer, data,
+   latent rows, the codebook networks, `init_from`) are always refused: checkpoints and the tokenizer
+   in the workdir belong to the old values. Other keys (learning rates, step counts, intervals,
+   sampling, evaluation, the mesh) are refused too unless `run.allow_config_change=true`; then each
+   allowed change is appended to `<workdir>/config_changes.jsonl`, so the record says which steps
+   ran under which values.
+
+Multi-process runs: only process 0 takes the lock (the others write through it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from dlr_jax.config import Config, ConfigError, load_config, to_dict
+
+LOCK_NAME = ".lock"
+CHANGES_NAME = "config_changes.jsonl"
+
+# Key prefixes (dotted) whose change invalidates what the workdir holds: refused even with
+# run.allow_config_change=true. Everything else is a "safe" change.
+UNSAFE_PREFIXES = ("model.", "tokenizer.", "data.", "latent.", "init_from")
+SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.dtype")
+# Codebook keys that are training knobs, not the networks or the corpus they read.
+CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
+                 "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
+                 "codebook.eval_", "codebook.export_splits", "codebook.remat", "codebook.dtype")
+IGNORED = ("run.workdir", "run.allow_config_change")
+
+
+class WorkdirLocked(RuntimeError):
+    """Another process holds the workdir's lock."""
+
+
+class ConfigChangeRefused(ConfigError):
+    """The run's config differs from the workdir's config.yaml in keys it may not change."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The lock.
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def read_lock(workdir: str | Path) -> dict[str, Any] | None:
+    f = Path(workdir) / LOCK_NAME
+    try:
+        return json.loads(f.read_text())
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, OSError):
+        return {"pid": None, "host": "?", "started": "?", "corrupt": True}
+
+
+class WorkdirLock:
+    """An exclusive lock on a workdir; `release()` removes the file if it is still ours."""
+
+    def __init__(self, workdir: str | Path):
+        self.path = Path(workdir) / LOCK_NAME
+        self.held = False
+
+    def acquire(self) -> WorkdirLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        me = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        for _ in range(3):  # a stale lock removed by us (or a racing run) is retried
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = read_lock(self.path.parent)
+                if holder is None:
+                    continue  # released between our open and read
+                if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) \
+                        and not _pid_alive(holder["pid"]):
+                    print(f"[dlr_jax] {self.path}: stale lock of pid {holder['pid']} (not running on this host); "
+                          "taking it over", flush=True)
+                    with contextlib.suppress(FileNotFoundError):
+                        self.path.unlink()
+                    continue
+                raise WorkdirLocked(_locked_message(self.path, holder)) from None
+            with os.fdopen(fd, "w") as fh:
+                json.dump(me, fh)
+            self.held = True
+            return self
+        raise WorkdirLocked(f"{self.path}: could not take the lock (it keeps coming back); is another run starting?")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        holder = read_lock(self.path.parent)
+        if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+
+def _locked_message(path: Path, holder: Mapping[str, Any]) -> str:
+    who = f"pid {holder.get('pid')} on host {holder.get('host')} (since {holder.get('started')})"
+    hint = ("" if holder.get("host") == socket.gethostname() else
+            " That host cannot be checked from here: if that run is gone, delete the lock file.")
+    if holder.get("corrupt"):
+        who, hint = "an unreadable lock file", " If no run uses this workdir, delete the lock file."
+    return f"{path.parent} is in use by {who}: one run per workdir (lock file {path}).{hint}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The config check.
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out |= _flat(v, f"{prefix}{k}.")
+        return out
+    return {prefix[:-1]: tree}
+
+
+def is_unsafe(key: str) -> bool:
+    """A change of `key` invalidates the workdir's checkpoints, tokenizer or latents."""
+    if key.startswith("codebook."):
+        return not key.startswith(CODEBOOK_SAFE)
+    return key.startswith(UNSAFE_PREFIXES) and not key.startswith(SAFE_IN_UNSAFE)
+
+
+def config_diff(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (old, new)} for every value that differs (run.workdir and the allow flag excepted)."""
+    a, b = _flat(to_dict(old)), _flat(to_dict(new))
+    keys = sorted(set(a) | set(b))
+    return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and not k.startswith(IGNORED)}
+
+
+def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any, Any]]:
+    """Raises ConfigChangeRefused if `cfg` may not run in `workdir`; returns the (allowed) changes.
+    Reads only."""
+    f = Path(workdir) / "config.yaml"
+    if not f.is_file():
+        return {}
+    try:
+        recorded = load_config(f)
+    except ConfigError as e:
+        raise ConfigChangeRefused(f"{f}: the workdir's recorded config does not load ({e})") from None
+    diff = config_diff(recorded, cfg)
+    if not diff:
+        return {}
+    unsafe = {k: v for k, v in diff.items() if is_unsafe(k)}
+    safe = {k: v for k, v in diff.items() if k not in unsafe}
+    show = lambda d: "; ".join(f"{k}: {o!r} -> {n!r}" for k, (o, n) in d.items())  # noqa: E731
+    if unsafe:
+        raise ConfigChangeRefused(
+            f"{workdir} was built with another model/tokenizer/data config; refusing to change "
+            f"{show(unsafe)}. Its checkpoints and tokenizer belong to the recorded values ({f}): use a new "
+            "--workdir (or --init-from a finished stage)."
+            + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
+        )
+    if not getattr(cfg.run, "allow_config_change", False):
+        raise ConfigChangeRefused(
+            f"{workdir}: this run's config differs from the recorded {f}: {show(safe)}. Rerun without the "
+            "changes to resume as recorded, or pass --set run.allow_config_change=true to continue under the "
+            f"new values (each change is logged to {Path(workdir) / CHANGES_NAME})."
+        )
+    return safe
+
+
+def record_changes(workdir: str | Path, changes: Mapping[str, tuple[Any, Any]]) -> None:
+    if not changes:
+        return
+    row = {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "changes": {k: {"old": o, "new": n} for k, (o, n) in changes.items()}}
+    with open(Path(workdir) / CHANGES_NAME, "a") as fh:
+        fh.write(json.dumps(row, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def open_run(cfg: Config, workdir: str | Path, *, lock: bool = True) -> Iterator[None]:
+    """The lock, then the config check (nothing written if it fails), for the duration of a run.
+    lock=False (processes other than 0 of a multi-process run): neither; process 0 does both."""
+    held = WorkdirLock(workdir)
+    if lock:
+        existed = Path(workdir).exists()
+        held.acquire()
+        try:
+            changes = check_config_change(cfg, workdir)
+        except BaseException:
+            held.release()
+            if not existed:  # leave no empty workdir behind
+                with contextlib.suppress(OSError):
+                    Path(workdir).rmdir()
+            raise
+        record_changes(workdir, changes)
+    try:
+        yield
+    finally:
+        held.release()

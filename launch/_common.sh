@@ -1,0 +1,26 @@
+# Sourced by the launch scripts: `--dry-run` as the first argument prints the resolved commands
+# (environment included) instead of running them.
+# shellcheck shell=bash
+DRY_RUN=${DRY_RUN:-0}
+if [ "${1:-}" = "--dry-run" ]; then
+  DRY_RUN=1
+  shift
+fi
+# shellcheck disable=SC2034  # read by the sourcing script
+ARGS=("$@")
+
+# run VAR=value ... -- cmd args...: exports the variables, then execs (or prints) the command.
+run() {
+  local envs=()
+  while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  if [ "$DRY_RUN" = 1 ]; then
+    [ "${#envs[@]}" -gt 0 ] && printf '%q ' "${envs[@]}"
+    printf '%q ' "$@"
+    printf '\n'
+    return 0
+  fi
+  local kv
+  for kv in "${envs[@]}"; do export "${kv?}"; done
+  "$@"
+}

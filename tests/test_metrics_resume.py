@@ -1,0 +1,91 @@
+"""metrics.jsonl keeps one row per step however often a run dies and resumes; a profile window that
+cannot run is reported; launch/profile.sh with its defaults writes a trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dlr_jax.trainer import Trainer, profile_window_problem, truncate_metrics
+from tests.cli_micro import ROOT, child_env, micro_yaml
+from tests.test_trainer import TCFG, dataset, lm_loss, new_model
+
+
+class _DiesAt:
+    """A grain iterator that raises (the process "dies") when asked for batch number `at`."""
+
+    def __init__(self, it, at: int):
+        self.it, self.at, self.i = it, at, 0
+
+    def __next__(self):
+        if self.i == self.at:
+            raise RuntimeError("killed")
+        self.i += 1
+        return next(self.it)
+
+    def get_state(self):
+        return self.it.get_state()
+
+    def set_state(self, state):
+        self.it.set_state(state)
+
+
+def _steps(path):
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()]
+
+
+def test_one_row_per_step_after_several_resumes(tmp_path, compile_cache):
+    cfg = dataclasses.replace(TCFG, num_steps=7, log_every=1, checkpoint_every=2)
+    # dies after steps 3 and (resumed from 2) 5: rows 3 and 5 were logged past the last checkpoint
+    for at in (3, 3):
+        with pytest.raises(RuntimeError, match="killed"):
+            Trainer(new_model(), lm_loss, cfg, tmp_path).fit(_DiesAt(iter(dataset()), at))
+    assert _steps(tmp_path / "metrics.jsonl") == [1, 2, 3, 4, 5]
+    Trainer(new_model(), lm_loss, cfg, tmp_path).fit(iter(dataset()))
+    assert _steps(tmp_path / "metrics.jsonl") == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_truncate_metrics_keeps_rows_up_to_the_step(tmp_path):
+    f = tmp_path / "metrics.jsonl"
+    f.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (0, 1, 2, 3, 4)))
+    assert truncate_metrics(f, 2) == 2 and _steps(f) == [0, 1, 2]
+    assert truncate_metrics(tmp_path / "none.jsonl", 0) == 0
+
+
+def test_profile_window_problems():
+    assert profile_window_problem((10, 15), 0, 100) is None
+    assert "before the resume step 12" in profile_window_problem((10, 15), 12, 100)
+    assert "nothing will be traced" in profile_window_problem((100, 105), 0, 50)
+    assert "stops at step 12" in profile_window_problem((10, 15), 0, 12)
+
+
+def test_profile_window_before_the_resume_step_is_reported(tmp_path, capsys, compile_cache):
+    cfg = dataclasses.replace(TCFG, num_steps=3, checkpoint_every=2)
+    Trainer(new_model(), lm_loss, cfg, tmp_path).fit(iter(dataset()), num_steps=2)
+    prof = dataclasses.replace(cfg, profile_steps="1:2")
+    res = Trainer(new_model(), lm_loss, prof, tmp_path).fit(iter(dataset()))
+    assert res.step == 3
+    out = capsys.readouterr().out
+    assert "profile_steps 1:2 starts before the resume step 2: nothing will be traced" in out
+    assert not (tmp_path / "profile").exists()
+
+
+@pytest.mark.slow
+def test_profile_sh_with_its_defaults_writes_a_trace(tmp_path):
+    cfg = micro_yaml(tmp_path / "micro.yaml")
+    w = tmp_path / "w"
+    env = child_env()
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # the venv's `python`
+    out = subprocess.run(["bash", str(ROOT / "launch" / "profile.sh"), "textsft", str(cfg), str(w)], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "profile of steps 10:15" in out.stdout
+    traces = list((w / "textsft_cot" / "profile").rglob("*.xplane.pb"))  # train.textsft = the CoT run
+    assert traces and traces[0].stat().st_size > 0
+    for stage in ("textsft_cot", "textsft_direct"):  # --steps 16 = end of the window + 1
+        assert _steps(w / stage / "metrics.jsonl") == list(range(1, 17))

@@ -1,0 +1,129 @@
+"""One writer per workdir (the lock) and config changes refused before anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlr_jax.config import load_config, save_config
+from dlr_jax.workdir import (
+    CHANGES_NAME,
+    LOCK_NAME,
+    ConfigChangeRefused,
+    WorkdirLock,
+    WorkdirLocked,
+    check_config_change,
+    config_diff,
+    is_unsafe,
+    open_run,
+)
+from tests.cli_micro import ROOT, child_env, micro_yaml, run_cli
+
+
+def _tree_hash(d: Path) -> dict[str, str]:
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
+            if p.is_file()}
+
+
+def test_lock_is_exclusive_and_names_the_holder(tmp_path):
+    a = WorkdirLock(tmp_path).acquire()
+    with pytest.raises(WorkdirLocked, match=f"pid {os.getpid()} on host {socket.gethostname()}"):
+        WorkdirLock(tmp_path).acquire()
+    a.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+    WorkdirLock(tmp_path).acquire().release()
+
+
+def test_stale_lock_of_a_dead_pid_on_this_host_is_taken_over(tmp_path, capsys):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)  # that process has exited
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": pid, "host": socket.gethostname(), "started": "x"}))
+    lock = WorkdirLock(tmp_path).acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert f"stale lock of pid {pid}" in capsys.readouterr().out
+    lock.release()
+
+
+def test_lock_from_another_host_is_refused_with_a_hint(tmp_path):
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "other-node-7", "started": "x"}))
+    with pytest.raises(WorkdirLocked, match="pid 1 on host other-node-7.*delete the lock file"):
+        WorkdirLock(tmp_path).acquire()
+
+
+def test_safe_and_unsafe_keys():
+    assert is_unsafe("model.hidden_size") and is_unsafe("tokenizer.vocab_size") and is_unsafe("data.dataset")
+    assert is_unsafe("latent.num_latents") and is_unsafe("init_from") and is_unsafe("codebook.vit_hidden")
+    assert not is_unsafe("train.sft.learning_rate") and not is_unsafe("codebook.train.num_steps")
+    assert not is_unsafe("data.num_workers") and not is_unsafe("mesh.fsdp") and not is_unsafe("rl.beta")
+
+
+def test_config_changes_need_the_flag_and_are_logged(tmp_path):
+    base = load_config(ROOT / "configs" / "tiny.yaml")
+    save_config(base, tmp_path / "config.yaml")
+    assert check_config_change(base, tmp_path) == {}
+    lr = load_config(ROOT / "configs" / "tiny.yaml", ["train.sft.learning_rate=3e-4"])
+    with pytest.raises(ConfigChangeRefused, match="train.sft.learning_rate: 0.001 -> 0.0003.*allow_config_change"):
+        check_config_change(lr, tmp_path)
+    allowed = load_config(ROOT / "configs" / "tiny.yaml",
+                          ["train.sft.learning_rate=3e-4", "run.allow_config_change=true"])
+    with open_run(allowed, tmp_path):
+        assert (tmp_path / LOCK_NAME).is_file()
+    assert not (tmp_path / LOCK_NAME).exists()
+    row = json.loads((tmp_path / CHANGES_NAME).read_text())
+    assert row["changes"] == {"train.sft.learning_rate": {"old": 0.001, "new": 0.0003}}
+    both = load_config(ROOT / "configs" / "tiny.yaml", ["model.num_layers=3", "run.allow_config_change=true"])
+    with pytest.raises(ConfigChangeRefused, match=r"refusing to change model\.num_layers: 2 -> 3"):
+        check_config_change(both, tmp_path)
+    assert set(config_diff(base, both)) == {"model.num_layers"}  # the flag itself is not a change
+
+
+@pytest.fixture
+def used_workdir(tmp_path):
+    """A workdir as a first run leaves it: config.yaml, the tokenizer, a stage checkpoint file."""
+    from dlr_jax.stages import common
+
+    cfg_file = micro_yaml(tmp_path / "micro.yaml")
+    cfg = load_config(cfg_file)
+    w = tmp_path / "w"
+    common.prepare_workdir(cfg, w)
+    common.get_tokenizer(cfg, w)
+    (w / "textsft_cot" / "checkpoints" / "4").mkdir(parents=True)
+    (w / "textsft_cot" / "checkpoints" / "4" / "meta").write_text("{}")
+    return cfg_file, w
+
+
+def test_cli_refuses_a_model_change_before_any_file_changes(used_workdir):
+    cfg_file, w = used_workdir
+    before = _tree_hash(w)
+    out = run_cli(["--stage", "textsft", "--mode", "cot", "--config", str(cfg_file), "--workdir", str(w),
+                   "--set", "model.hidden_size=64", "--set", "tokenizer.vocab_size=400",
+                   "--set", "train.textsft.learning_rate=1e-3"])
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "model.hidden_size: 32 -> 64" in out.stderr and "tokenizer.vocab_size: 300 -> 400" in out.stderr
+    assert "train.textsft.learning_rate" in out.stderr  # listed as the allowable part
+    assert _tree_hash(w) == before
+
+
+def test_cli_second_writer_fails_fast_naming_the_holder(used_workdir):
+    cfg_file, w = used_workdir
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dlr_jax.workdir import WorkdirLock; "
+         f"WorkdirLock({str(w)!r}).acquire(); print('locked', flush=True); sys.stdin.read()"],
+        cwd=ROOT, env=child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = _tree_hash(w)
+        out = run_cli(["--stage", "textsft", "--config", str(cfg_file), "--workdir", str(w)])
+        assert out.returncode == 2, out.stdout + out.stderr
+        assert f"in use by pid {holder.pid} on host {socket.gethostname()}" in out.stderr
+        assert _tree_hash(w) == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
