@@ -139,8 +139,12 @@ def sequence_logprobs(
     contiguous per row (left and right padding allowed). Output [B, T] is aligned with `tokens`:
     entry t is log p(tokens[t] | real tokens before t); 0 where t or t-1 is not real."""
     mask = mask.astype(jnp.int32)
-    logits = model(tokens, attention_mask=mask)
-    lp = token_logprobs(logits[:, :-1], tokens[:, 1:], temperature, vocab_mask)
+    # Over sequence chunks (models/vocab_chunks.py): no [b, t, vocab] fp32 logits at scale.
+    from dlr_jax.models.vocab_chunks import next_token_stats
+
+    t = jnp.asarray(temperature, jnp.float32)
+    lp = next_token_stats(model, tokens, {"attention_mask": mask}, vocab_mask=vocab_mask,
+                          temperature=jnp.where(t > 0, t, 1.0)).logp
     ok = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
     lp = jnp.where(ok, lp, 0.0)
     return jnp.concatenate([jnp.zeros_like(lp[:, :1]), lp], axis=1)

@@ -272,3 +272,48 @@ def test_sharded_greedy_matches_single_device(sampler, greedy_run):
     np.testing.assert_allclose(res.logprobs, out.logprobs, atol=1e-4)
     ids, mask = _sequences(prompts, out)
     np.testing.assert_allclose(s.score(ids, mask), sampler.score(ids, mask), atol=1e-5)
+
+
+def _decode_weight_gathers(layout: tuple[int, int, int]) -> tuple[int, np.ndarray]:
+    """Compiles the decode loop for `layout` (data, fsdp, tensor) on 8 devices; returns how many of
+    its all-gathers produce a weight-shaped array (a full or per-layer parameter), and the tokens."""
+    import re
+
+    from dlr_jax.sharding import create_sharded, make_mesh
+
+    mesh = make_mesh(*layout, devices=jax.devices()[:8])
+    model = create_sharded(lambda: Transformer(CFG, rngs=nnx.Rngs(0)), mesh)
+    shapes = set()
+    for x in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        shapes |= {tuple(x.shape), tuple(x.shape[1:])}
+    s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
+    texts, get_fns = [], s._get_fns
+
+    def recording(*a):
+        prefill, decode = get_fns(*a)
+
+        def run(*args):
+            texts.append(decode.lower(*args).compile().as_text())
+            return decode(*args)
+
+        return prefill, run
+
+    s._get_fns = recording
+    out = s.generate(_prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]), max_new_tokens=N_NEW)
+    (hlo,) = texts
+    gathered = [tuple(int(d) for d in m.split(",") if d)
+                for m in re.findall(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather\(", hlo)]
+    return sum(g in shapes for g in gathered), out.tokens
+
+
+def test_decode_loop_on_a_sampling_layout_gathers_no_weights():
+    """Issue 19 item 5: decoding with FSDP-sharded training weights all-gathers weights inside the
+    loop (every token); on a tensor-parallel sampling layout (rl.sample_mesh) it reads local weights
+    only, and the greedy tokens are the same."""
+    if jax.device_count() < 8:
+        pytest.skip(f"needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), have {jax.device_count()}")
+    fsdp, fsdp_tokens = _decode_weight_gathers((1, 8, 1))
+    tp, tp_tokens = _decode_weight_gathers((2, 1, 4))
+    assert fsdp > 0  # the control: the training layout gathers weights while decoding
+    assert tp == 0
+    np.testing.assert_array_equal(tp_tokens, fsdp_tokens)

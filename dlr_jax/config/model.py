@@ -33,7 +33,9 @@ class ModelConfig:
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots (save matmul outputs)
-    attention: str = "einsum"  # einsum | cudnn (jax.nn.dot_product_attention)
+    # auto | xla | cudnn (einsum = xla): resolved from the compile target's platform, not the host's
+    # (models/transformer.py resolve_attention); auto = cuDNN flash attention on GPU for bf16/fp16.
+    attention: str = "auto"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -47,8 +49,8 @@ class ModelConfig:
             )
         if self.remat not in ("none", "full", "dots"):
             raise ConfigError(f"model.remat must be none|full|dots, got {self.remat!r}")
-        if self.attention not in ("einsum", "cudnn"):
-            raise ConfigError(f"model.attention must be einsum|cudnn, got {self.attention!r}")
+        if self.attention not in ("auto", "xla", "cudnn", "einsum"):
+            raise ConfigError(f"model.attention must be auto|xla|cudnn (einsum = xla), got {self.attention!r}")
 
 
 @dataclasses.dataclass(frozen=True)

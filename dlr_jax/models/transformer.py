@@ -19,7 +19,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ModelConfig
-from dlr_jax.sharding import constrain
+from dlr_jax.sharding import constrain, get_abstract_mesh
 
 NEG_INF = -1e30  # finite, so fully-masked (padding) query rows give uniform weights, not NaN
 
@@ -88,20 +88,45 @@ def apply_rope(
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
+def target_platform() -> str:
+    """The platform the code being traced is compiled for: the ambient mesh's devices (a deviceless
+    H100 or TPU mesh when planning from a CPU host), else the default backend."""
+    mesh = get_abstract_mesh()
+    device = None if mesh is None or mesh.empty else getattr(mesh, "abstract_device", None)
+    platform = getattr(device, "platform", None)
+    return str(platform) if platform else jax.default_backend()
+
+
+def resolve_attention(name: str, platform: str, dtype: Any) -> str:
+    """`model.attention` -> "xla" (the einsum below) or "cudnn" (jax.nn.dot_product_attention's cuDNN
+    flash kernel). auto: cudnn on GPU targets for bf16/fp16 (what the kernel supports), else xla.
+    An explicit cudnn on a target without it runs XLA's dot_product_attention (same maths), so a GPU
+    config still runs in CPU tests."""
+    gpu = platform in ("gpu", "cuda")
+    if name in ("xla", "einsum"):
+        return "xla"
+    if name == "auto":
+        return "cudnn" if gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+    if name == "cudnn":
+        return "cudnn" if gpu else "dot_product_attention"
+    raise ValueError(f"model.attention must be auto|xla|cudnn (einsum = xla), got {name!r}")
+
+
 def attention(
     q: Float[Array, "b t h hd"],
     k: Float[Array, "b s kv hd"],
     v: Float[Array, "b s kv hd"],
     mask: Bool[Array, "b t s"],
-    backend: str = "einsum",
+    backend: str = "auto",
 ) -> Float[Array, "b t h hd"]:
-    """Grouped-query attention; query heads are grouped per KV head so K/V are never repeated."""
+    """Grouped-query attention; query heads are grouped per KV head so K/V are never repeated.
+    `backend`: `model.attention`, resolved for the compile target (`resolve_attention`)."""
     b, t, h, hd = q.shape
     kv = k.shape[2]
-    if backend == "cudnn":
-        return jax.nn.dot_product_attention(
-            q, k, v, mask=mask[:, None], implementation="cudnn" if jax.default_backend() == "gpu" else None
-        )
+    impl = resolve_attention(backend, target_platform(), q.dtype)
+    if impl != "xla":
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None],
+                                            implementation="cudnn" if impl == "cudnn" else None)
     qg = q.reshape(b, t, kv, h // kv, hd)
     scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
     scores = scores / math.sqrt(hd)
@@ -294,10 +319,13 @@ class Transformer(nnx.Module):
 
     # -- vocabulary seams ------------------------------------------------------------------------
     def embed_tokens(self, input_ids: Int[Array, "b t"]) -> Float[Array, "b t d"]:
-        # Gather from a replicated view: a gather from a table sharded on both dims makes SPMD
-        # fall back to full rematerialisation anyway, with a warning per step.
-        table = constrain(self.embed[...], (None, None))
-        x = jnp.take(table, input_ids, axis=0).astype(_dtype(self.cfg.dtype))
+        # Gather rows from a table split only on its embed dim: each device gathers its columns of
+        # the looked-up rows (a gather from a table sharded on both dims makes SPMD fall back to full
+        # rematerialisation; a replicated view would all-gather the whole fp32 table onto every
+        # device: ~4 GB for a 128k x 8k vocabulary). Only the gathered rows are cast.
+        table = constrain(self.embed[...], (None, "embed"))
+        ids = constrain(input_ids, (None, None))  # small: every device looks up every id, for its columns
+        x = constrain(jnp.take(table, ids, axis=0), (None, None, "embed")).astype(_dtype(self.cfg.dtype))
         return constrain(x, ("batch", "length", "act_embed"))
 
     def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:

@@ -258,23 +258,24 @@ def load_stage_model(workdir: str | Path, stage: str, *, mesh: Mesh | None = Non
 # The loss every LM stage uses.
 
 
-def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], rng: jax.Array, vocab_mask: Any = None):
+def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], rng: jax.Array, vocab_mask: Any = None,
+            chunk: int | None = None):
     """Next-token cross-entropy on `loss_mask` targets: returns (sum, #targets, metric sums).
 
     batch: tokens/loss_mask/segment_ids/positions, all [b, t]; loss_mask[t] = 1 marks token t as a
-    target predicted from tokens < t within the same segment.
+    target predicted from tokens < t within the same segment. chunk: positions per logits chunk
+    (`models.vocab_chunks.token_stats`; None = from its memory budget).
     """
+    from dlr_jax.models.vocab_chunks import next_token_stats
+
     del rng
     tokens, seg = batch["tokens"], batch["segment_ids"]
-    logits = model(tokens, positions=batch["positions"], segment_ids=seg)[:, :-1]
-    if vocab_mask is not None:
-        logits = jnp.where(jnp.asarray(vocab_mask)[: logits.shape[-1]], logits, -1e9)
-    targets = tokens[:, 1:]
+    # Over sequence chunks (models/vocab_chunks.py): no [b, t, vocab] fp32 logits at scale.
+    stats = next_token_stats(model, tokens, {"positions": batch["positions"], "segment_ids": seg},
+                             vocab_mask=vocab_mask, fill=-1e9, chunk=chunk)
     mask = (batch["loss_mask"][:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
     mask = mask.astype(jnp.float32)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+    nll, correct = -stats.logp, stats.correct
     total = jnp.sum(nll * mask)
     return total, jnp.sum(mask), {"token_accuracy": jnp.sum(correct * mask)}
 

@@ -77,20 +77,20 @@ class RLResult:
 
 
 def policy_logprobs(
-    model: Any, tokens: jax.Array, attention_mask: jax.Array, *, temperature: float, vocab_mask: Any = None
+    model: Any, tokens: jax.Array, attention_mask: jax.Array, *, temperature: float, vocab_mask: Any = None,
+    chunk: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Teacher-forced `log_softmax(masked_logits / T)[token]` and the entropy of that distribution,
     both [b, t] aligned with `tokens` (0 where t or t-1 is padding) — the numbers `Sampler.score`
     and the sampler report, so ratios start at 1."""
+    from dlr_jax.models.vocab_chunks import next_token_stats
+
     mask = attention_mask.astype(jnp.int32)
-    logits = model(tokens, attention_mask=mask)[:, :-1].astype(jnp.float32)
-    if vocab_mask is not None:
-        logits = jnp.where(vocab_mask, logits, -jnp.inf)
-    logp_all = jax.nn.log_softmax(logits / temperature, axis=-1)
-    lp = jnp.take_along_axis(logp_all, tokens[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
-    # Entropy is only reported: no gradient (and none of 0 * -inf at masked rows).
-    la = jax.lax.stop_gradient(logp_all)
-    ent = -jnp.sum(jnp.where(jnp.isfinite(la), jnp.exp(la) * la, 0.0), axis=-1)
+    # Over sequence chunks (models/vocab_chunks.py): no [b, s, vocab] fp32 logits; the entropy is
+    # only reported (no gradient).
+    stats = next_token_stats(model, tokens, {"attention_mask": mask}, vocab_mask=vocab_mask, temperature=temperature,
+                             entropy=True, chunk=chunk)
+    lp, ent = stats.logp, stats.entropy
     ok = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
     pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), jnp.where(ok, x, 0.0)], axis=1)
     return pad(lp), pad(ent)
