@@ -38,7 +38,7 @@ def test_invalid_values_are_rejected():
 def test_every_shipped_config_loads():
     from pathlib import Path
 
-    files = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    files = sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml"))
     assert files, "no configs shipped"
     for f in files:
         load_config(f)
