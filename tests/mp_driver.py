@@ -4,7 +4,9 @@ interpreter start and one `jax.distributed.initialize` per rank instead of one p
 
     python -m tests.mp_driver WORKDIR STAGE[,STAGE...] [k=v ...]   (config overrides)
 
-STAGE: a `dlr_jax.train` stage, or `evaluate` (the rl stage's model; benchmark synthetic)."""
+STAGE: a `dlr_jax.train` stage, or `evaluate` (the rl stage's model; benchmark synthetic); `STAGE@N`
+reruns a finished stage to N steps (`train.STAGE.num_steps=N`): it restores the checkpoint every
+process saved and trains on from there."""
 
 import os
 import sys
@@ -24,6 +26,8 @@ if __name__ == "__main__":
             evaluate.main(["--workdir", workdir, "--stage", "rl", "--benchmarks", "synthetic", "--no-progress",
                            *as_flags(s for s in sets if s.startswith("eval."))])
         else:
-            code = train.main(["--stage", stage, "--workdir", workdir, "--mode", "cot", *as_flags(sets)])
+            stage, _, more = stage.partition("@")
+            extra = [f"train.{stage}.num_steps={more}", "run.allow_config_change=true"] if more else []
+            code = train.main(["--stage", stage, "--workdir", workdir, "--mode", "cot", *as_flags([*sets, *extra])])
             if code:
                 raise SystemExit(code)

@@ -1,5 +1,6 @@
 """Multi-process runs (2 processes x 4 CPU devices, gloo collectives) give the numbers of one process
-with 8 devices: the same global batches (batch_hash), losses, RL rewards and evaluation outputs.
+with 8 devices: the same global batches (batch_hash), losses (also after every process restores a
+checkpoint they all saved), RL rewards and evaluation outputs.
 
 Cost: the full chain textsft -> align -> sft -> rl -> evaluate as two processes takes ~4 min on this
 2-core machine, too slow for the suite; the test starts from a prepared workdir (tokenizer, an
@@ -38,7 +39,7 @@ SETS = [
     "rl.extra_rewards=[distinct_share=1.0]", "rl.reward_modules=[tests.mp_rewards]",
     "eval.limit=8", "eval.batch_size=8", "eval.max_new_tokens=16", "eval.max_latents=4",
 ]
-STAGES = "sft,rl,evaluate"
+STAGES = "sft,sft@3,rl,evaluate"  # sft@3: every process restores sft's step-2 checkpoint and trains step 3
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(jax.device_count() < 8, reason="the 1-process reference needs 8 fake devices (XLA_FLAGS)"),
@@ -98,7 +99,8 @@ def test_two_processes_match_one_process(prepared, tmp_path):
     _run(one, 1)
     _run(two, 2)
     sft1, sft2 = _lines(one / "sft" / "metrics.jsonl"), _lines(two / "sft" / "metrics.jsonl")
-    assert [m["step"] for m in sft1] == [m["step"] for m in sft2] == [1, 2]
+    # steps 1-2, then a second run that restored the 2-process checkpoint (saved by every process) for step 3
+    assert [m["step"] for m in sft1] == [m["step"] for m in sft2] == [1, 2, 3]
     for a, b in zip(sft1, sft2, strict=True):
         assert a["batch_hash"] == b["batch_hash"]  # the same global batch, step for step
         np.testing.assert_allclose([a["loss"], a["grad_norm"]], [b["loss"], b["grad_norm"]], rtol=1e-5)
