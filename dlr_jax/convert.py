@@ -507,7 +507,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from dlr_jax import ocr2_convert as o2
 
     try:
-        if o2.is_ocr2_dir(args.from_hf if args.from_hf is not None else args.from_orbax):
+        source = args.from_hf if args.from_hf is not None else args.from_orbax  # None with --from-workdir
+        if source is not None and o2.is_ocr2_dir(source):
             if args.from_hf is not None:
                 cfg2, m2 = o2.load_ocr2(args.from_hf, mesh=mesh, rules=args.rules, dtype=args.dtype)
                 out = o2.save_ocr2_orbax(m2, args.out, overwrite=args.force)

@@ -315,7 +315,9 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     }
     try:
         vocab = latent_lm_abstract(cfg)[1].total_vocab_size if stage != "codebook" else None
-        out["largest_values"] = largest_values(compiled.as_text(), k=8, vocab=vocab)
+        values = largest_values(compiled.as_text(), k=10_000, vocab=vocab)
+        out["largest_values"] = values[:8]
+        out["vocab_values"] = [v for v in values if v["vocab_sized"]][:4]  # what the vocabulary costs
     except Exception as e:  # noqa: BLE001 - itemising is a courtesy; the totals above stand without it
         out["notes"].append(f"largest values not itemised: {type(e).__name__}")
     if target.platform == "cpu":
@@ -433,6 +435,9 @@ def format_plan(r: dict[str, Any]) -> str:
         vs = f" (paper: {paper / 1e15:.0f} P)" if paper else ""
         lines.append(f"  whole stage: {r['stage_steps']:,} steps over {r['stage_examples']:,} examples = "
                      f"{r['stage_total_flops'] / 1e15:.0f} PFLOPs{vs}")
+    if r.get("vocab_values"):
+        lines.append("  largest vocabulary-sized values: " + "; ".join(
+            f"{v['dtype']}{v['shape']} {g(v['bytes'])} ({v['hlo_op']})" for v in r["vocab_values"]))
     if r.get("largest_values"):
         lines.append("  largest values (HLO, a buffer may hold several; * = vocabulary-sized):")
         for v in r["largest_values"][:6]:
