@@ -9,6 +9,10 @@ textsft -> codebook -> export -> align -> sft (dual branch) -> rl (process rewar
 
 Cost: the codebook stage's encoder and OCR decoder do not depend on the backbone, so llama runs it and
 the qwen workdirs receive its codebook/ and latents/ (copied files, the same ones a rerun would write).
+The qwen3 checkpoint takes the qwen3-vl text tower's sizes and RoPE theta, so its programs are the same
+and the second family reads them from the module's compile cache (the import paths and tokenizers still
+differ: that is what the family is there for). Direct-SFT (the same code path as CoT-SFT with another
+layout) runs for llama only.
 """
 
 from __future__ import annotations
@@ -54,12 +58,17 @@ for _s in ("textsft", "textsft_direct", "align", "sft"):
     SHRINK += [f"train.{_s}.batch_size=16"]  # 3 epochs of 32 examples = 6 steps
 
 
+# qwen3 with the qwen3-vl tower's head_dim and theta (tests/hf_fixtures.build_tiny_hf): one set of programs
+SAME_AS_VL = {"qwen3": {"head_dim": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 5e6}}}
+
+
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tmp_path_factory, compile_cache):
     root = tmp_path_factory.mktemp("hf")
     out = {}
     for family in ("llama", "qwen3", "qwen3_vl"):
-        save_tiny_checkpoint(family, root / family, vocab_size=320, fill_vocab=family == "llama")
+        save_tiny_checkpoint(family, root / family, vocab_size=320, fill_vocab=family == "llama",
+                             **SAME_AS_VL.get(family, {}))
         out[family] = root / family
     return out
 
@@ -84,7 +93,7 @@ def shared_codebook(tmp_path_factory, checkpoints):
     return w
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_vl"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_vl", "qwen3"])
 def test_paper_recipe_runs_every_stage_from_a_checkpoint(family, checkpoints, shared_codebook, tmp_path_factory):
     assert len(jax.devices()) == 8
     cfg = load_config(RECIPE, [*SHRINK, f"init_from={checkpoints[family]}"])
@@ -95,7 +104,7 @@ def test_paper_recipe_runs_every_stage_from_a_checkpoint(family, checkpoints, sh
         for sub in ("codebook", "latents"):
             shutil.copytree(shared_codebook / sub, w / sub)
     textsft.run(cfg, w, "cot")
-    if family == "llama":
+    if family == "llama":  # Direct-SFT: the same stage with the [x ; <answer> a </answer>] layout
         textsft.run(cfg, w, "direct")
     align.run(cfg, w)
     sft.run(cfg, w)
