@@ -112,6 +112,11 @@ def count_jaxpr(jaxpr: Any, while_trips: Callable[[Any], int | None] | None = No
         elif name == "cond":
             branches = [count_jaxpr(b, while_trips) for b in p["branches"]]
             total += max(branches, key=lambda c: c.total)
+        elif name == "pallas_call":
+            # a kernel's body runs once per grid point (the splash kernel's body skips blocks its causal
+            # mask empties: this counts them, an upper bound of at most 2x on its attention FLOPs)
+            grid = math.prod(p["grid_mapping"].grid)
+            total += count_jaxpr(p["jaxpr"], while_trips).scaled(grid)
         elif name in _POINTWISE:
             total.pointwise += sum(_size(v.aval) for v in eqn.outvars)
         else:

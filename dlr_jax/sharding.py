@@ -238,6 +238,11 @@ def activation_rules(rules: Mapping | str):
         _ACTIVE_RULES.pop()
 
 
+def active_rules() -> Mapping[str, MeshAxis]:
+    """The rules `constrain` applies now (the innermost `activation_rules`)."""
+    return _ACTIVE_RULES[-1]
+
+
 def constrain(x: jax.Array, axes: LogicalAxes) -> jax.Array:
     """`with_sharding_constraint` by logical names; a no-op outside a multi-device mesh."""
     mesh = get_abstract_mesh()

@@ -53,3 +53,14 @@ def test_train_step_of_a_dense_lm_matches_6N_plus_attention(remat):
     assert counted.unknown_loops == 0
     assert counted.matmul == pytest.approx(analytic, rel=0.10)
     np.testing.assert_array_less(0, counted.pointwise)
+
+
+def test_a_pallas_kernel_counts_its_body_once_per_grid_point():
+    """The TPU splash kernel (models/splash.py) is a pallas_call: its matmuls sit in a body the grid
+    repeats; counted that way it does the XLA attention's QK^T and PV FLOPs."""
+    from dlr_jax.models.transformer import attention, causal_mask
+
+    q, kv, seg = jnp.ones((2, 256, 4, 16)), jnp.ones((2, 256, 2, 16)), jnp.ones((2, 256), jnp.int32)
+    splash = count_fn(lambda q, k, v: attention(q, k, v, causal_mask(seg), "splash", seg), q, kv, kv)
+    xla = count_fn(lambda q, k, v: attention(q, k, v, causal_mask(seg), "xla"), q, kv, kv)
+    assert splash.matmul == xla.matmul == 2 * 2 * (2 * 256 * 256 * 4 * 16)

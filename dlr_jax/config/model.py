@@ -33,8 +33,9 @@ class ModelConfig:
     dtype: str = "float32"  # activation / compute dtype
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots (save matmul outputs)
-    # auto | xla | cudnn (einsum = xla): resolved from the compile target's platform, not the host's
-    # (models/transformer.py resolve_attention); auto = cuDNN flash attention on GPU for bf16/fp16.
+    # auto | xla | cudnn | splash (einsum = xla): resolved from the compile target's platform, not the
+    # host's (models/transformer.py resolve_attention); auto = cuDNN flash attention on GPU for
+    # bf16/fp16, the splash kernel on TPU for training / scoring sequences of whole 128-token blocks.
     attention: str = "auto"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -49,8 +50,9 @@ class ModelConfig:
             )
         if self.remat not in ("none", "full", "dots"):
             raise ConfigError(f"model.remat must be none|full|dots, got {self.remat!r}")
-        if self.attention not in ("auto", "xla", "cudnn", "einsum"):
-            raise ConfigError(f"model.attention must be auto|xla|cudnn (einsum = xla), got {self.attention!r}")
+        if self.attention not in ("auto", "xla", "cudnn", "splash", "einsum"):
+            raise ConfigError(f"model.attention must be auto|xla|cudnn|splash (einsum = xla), got "
+                              f"{self.attention!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,7 +118,14 @@ class RLConfig:
     beta: float = 1e-3  # k3 KL to the reference (SFT) policy; 0 skips the reference model
     inner_epochs: int = 4  # mu
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | dr_grpo
-    sample_mesh: str = ""  # "data=8,fsdp=1,tensor=1": rollout sharding; "" = the training mesh
+    # Rollouts decode from a sampling copy of the policy (stages/sampling_copy.py), refreshed on device
+    # after every RL step. sample_mesh: its layout — "auto" = tensor-parallel over one process's devices
+    # as far as heads / MLP / vocabulary divide, data-parallel over the rest; "" = the training mesh
+    # (FSDP: the decode loop then all-gathers every weight for every token); or "data=2,fsdp=1,tensor=4".
+    sample_mesh: str = "auto"
+    # its dtype: "auto" = model.dtype (the forward casts weights to it anyway: same tokens, half the
+    # bytes under bf16), "keep" = the parameters' dtype, or a dtype name
+    sample_dtype: str = "auto"
     # process-reward evaluator LM: "backbone" = the model before alignment (init_from, else textsft_cot),
     # or a workdir stage name / final dir holding a text backbone
     evaluator: str = "backbone"
@@ -137,6 +144,16 @@ class RLConfig:
     eval_samples: int = 4
     eval_split: str = ""  # "" = data.eval_split; "pool" = the RL training prompts (rl.prompt_pool); a split
     eval_every: int = 10
+
+    def __post_init__(self) -> None:
+        if self.sample_dtype not in ("auto", "keep"):
+            import numpy as np
+
+            try:
+                np.dtype(self.sample_dtype) if self.sample_dtype != "bfloat16" else None
+            except TypeError:
+                raise ConfigError(f"rl.sample_dtype must be auto|keep|a dtype name (bfloat16, float32, ...), "
+                                  f"got {self.sample_dtype!r}") from None
 
 
 @dataclasses.dataclass(frozen=True)

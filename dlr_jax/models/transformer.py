@@ -19,6 +19,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ModelConfig
+from dlr_jax.models.splash import splash_attention, splash_fits
 from dlr_jax.sharding import constrain, get_abstract_mesh
 
 NEG_INF = -1e30  # finite, so fully-masked (padding) query rows give uniform weights, not NaN
@@ -97,19 +98,26 @@ def target_platform() -> str:
     return str(platform) if platform else jax.default_backend()
 
 
-def resolve_attention(name: str, platform: str, dtype: Any) -> str:
-    """`model.attention` -> "xla" (the einsum below) or "cudnn" (jax.nn.dot_product_attention's cuDNN
-    flash kernel). auto: cudnn on GPU targets for bf16/fp16 (what the kernel supports), else xla.
-    An explicit cudnn on a target without it runs XLA's dot_product_attention (same maths), so a GPU
+def resolve_attention(name: str, platform: str, dtype: Any, splash_ok: bool = False) -> str:
+    """`model.attention` -> "xla" (the einsum below), "cudnn" (jax.nn.dot_product_attention's cuDNN
+    flash kernel) or "splash" (the TPU Pallas kernel, models/splash.py). auto: cudnn on GPU targets for
+    bf16/fp16 (what the kernel supports), splash on TPU where `splash_ok` (causal self-attention within
+    segments over whole 128-blocks: training and scoring, not decode steps), else xla.
+    An explicit kernel on a target without it runs the same maths elsewhere — cudnn as XLA's
+    dot_product_attention, splash in Pallas interpret mode ("splash_interpret") — so a GPU or TPU
     config still runs in CPU tests."""
-    gpu = platform in ("gpu", "cuda")
+    gpu, tpu = platform in ("gpu", "cuda"), platform == "tpu"
     if name in ("xla", "einsum"):
         return "xla"
     if name == "auto":
-        return "cudnn" if gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16) else "xla"
+        if gpu and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16):
+            return "cudnn"
+        return "splash" if tpu and splash_ok else "xla"
     if name == "cudnn":
         return "cudnn" if gpu else "dot_product_attention"
-    raise ValueError(f"model.attention must be auto|xla|cudnn (einsum = xla), got {name!r}")
+    if name == "splash":
+        return ("splash" if tpu else "splash_interpret") if splash_ok else "xla"
+    raise ValueError(f"model.attention must be auto|xla|cudnn|splash (einsum = xla), got {name!r}")
 
 
 def attention(
@@ -118,12 +126,17 @@ def attention(
     v: Float[Array, "b s kv hd"],
     mask: Bool[Array, "b t s"],
     backend: str = "auto",
+    segment_ids: Int[Array, "b t"] | None = None,
 ) -> Float[Array, "b t h hd"]:
     """Grouped-query attention; query heads are grouped per KV head so K/V are never repeated.
-    `backend`: `model.attention`, resolved for the compile target (`resolve_attention`)."""
+    `backend`: `model.attention`, resolved for the compile target (`resolve_attention`).
+    `segment_ids`, when given, say `mask` is `causal_mask(segment_ids)` (what the splash kernel takes)."""
     b, t, h, hd = q.shape
     kv = k.shape[2]
-    impl = resolve_attention(backend, target_platform(), q.dtype)
+    splash_ok = segment_ids is not None and splash_fits(t, k.shape[1])
+    impl = resolve_attention(backend, target_platform(), q.dtype, splash_ok)
+    if impl.startswith("splash"):
+        return splash_attention(q, k, v, segment_ids, interpret=impl == "splash_interpret")
     if impl != "xla":
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None],
                                             implementation="cudnn" if impl == "cudnn" else None)
@@ -172,9 +185,11 @@ def layer_forward(
     inv_freq: jax.Array,
     kv: tuple[jax.Array, jax.Array] | None = None,
     cache_index: jax.Array | None = None,
+    segment_ids: Int[Array, "b t"] | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """One pre-norm decoder layer. With `kv` (this layer's cache [b, s, kv, hd]) the new keys and
-    values are written at `cache_index` and attention reads the whole cache."""
+    values are written at `cache_index` and attention reads the whole cache. `segment_ids`: see
+    `attention`."""
     dt = x.dtype
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = jnp.einsum("btd,dhk->bthk", h, p["q_proj"].astype(dt))
@@ -194,7 +209,7 @@ def layer_forward(
         v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
         new_kv = (k, v)
         k, v = k.astype(dt), v.astype(dt)
-    attn = attention(q, k, v, mask, cfg.attention)
+    attn = attention(q, k, v, mask, cfg.attention, segment_ids)
     x = x + jnp.einsum("bthk,hkd->btd", attn, p["o_proj"].astype(dt))
     x = constrain(x, ("batch", "length", "act_embed"))
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -220,14 +235,16 @@ def run_layers(
     positions: Int[Array, "b t"],
     mask: Bool[Array, "b t s"],
     cache: KVCache | None = None,
+    segment_ids: Int[Array, "b t"] | None = None,
 ) -> tuple[Float[Array, "b t d"], KVCache | None]:
-    """Scans `layer_forward` over the stacked layer params (and the cache, carried in place)."""
+    """Scans `layer_forward` over the stacked layer params (and the cache, carried in place).
+    `segment_ids` (no cache): `mask` is `causal_mask(segment_ids)`, which lets TPU use splash."""
     inv_freq = rope_inv_freq(cfg)
 
     if cache is None:
 
         def body(carry, p):
-            y, _ = layer_forward(cfg, p, carry, positions, mask, inv_freq)
+            y, _ = layer_forward(cfg, p, carry, positions, mask, inv_freq, segment_ids=segment_ids)
             return y, None
 
         x, _ = jax.lax.scan(_remat(body, cfg.remat), x, layer_params)
@@ -340,8 +357,9 @@ class Transformer(nnx.Module):
         positions: Int[Array, "b t"],
         mask: Bool[Array, "b t s"],
         cache: KVCache | None = None,
+        segment_ids: Int[Array, "b t"] | None = None,
     ) -> tuple[Float[Array, "b t d"], KVCache | None]:
-        h, cache = run_layers(self.cfg, self.layers.arrays(), x, positions, mask, cache)
+        h, cache = run_layers(self.cfg, self.layers.arrays(), x, positions, mask, cache, segment_ids)
         return rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps), cache
 
     def __call__(
@@ -373,7 +391,7 @@ class Transformer(nnx.Module):
         segment_ids, positions = default_segments_positions(
             input_ids.shape, segment_ids, attention_mask, positions
         )
-        h, _ = self.trunk(x, positions, causal_mask(segment_ids))
+        h, _ = self.trunk(x, positions, causal_mask(segment_ids), segment_ids=segment_ids)
         return h
 
     # -- decoding --------------------------------------------------------------------------------

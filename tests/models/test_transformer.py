@@ -150,7 +150,7 @@ def test_attention_is_resolved_from_the_compile_target_not_the_host():
     assert resolve_attention("einsum", "cuda", bf16) == resolve_attention("xla", "cuda", bf16) == "xla"
     assert resolve_attention("cudnn", "cuda", bf16) == "cudnn"
     assert resolve_attention("cudnn", "cpu", bf16) == "dot_product_attention"  # GPU configs run in CPU tests
-    with pytest.raises(ValueError, match="auto|xla|cudnn"):
+    with pytest.raises(ValueError, match="auto|xla|cudnn|splash"):
         resolve_attention("flash", "cuda", bf16)
     # A deviceless H100 mesh on this CPU host: the target is the mesh's platform, not jax.default_backend().
     h100 = AbstractMesh((1, 1, 1), ("data", "fsdp", "tensor"), axis_types=(AxisType.Auto,) * 3,
