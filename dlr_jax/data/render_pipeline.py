@@ -207,7 +207,10 @@ def render_images(
     return out
 
 
-def _render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> dict[str, np.ndarray]:
+def render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> dict[str, np.ndarray]:
+    """Batch `index` of the plan (index // len(plan) is the epoch, each with its own order), only
+    `rows` of it: what each grain worker calls, and what the benchmarks time. `_` is grain's
+    element, unused (the index says it all)."""
     side, idx = plan.batch(index)
     idx = idx[rows]
     t = plan.target_len[side]
@@ -245,7 +248,7 @@ def make_render_dataset(
     b = plan.batch_size // shard_count
     rows = slice(shard_index * b, (shard_index + 1) * b)
     ds = grain.MapDataset.range(len(plan)).repeat(num_epochs)
-    ds = ds.map_with_index(functools.partial(_render_train_batch, plan=plan, rows=rows))
+    ds = ds.map_with_index(functools.partial(render_train_batch, plan=plan, rows=rows))
     return _finish(ds, num_workers, num_threads)
 
 

@@ -205,7 +205,7 @@ def _features(model: CodebookModel, plan: rp.BatchPlan, start: int, num_batches:
     """[M, d_c] encoder features of plan batches start .. start + num_batches - 1."""
     feats = []
     for i in range(start, start + num_batches):
-        batch = rp._render_train_batch(i, None, plan=plan, rows=slice(None))
+        batch = rp.render_train_batch(i, None, plan=plan, rows=slice(None))
         feats.append(encode_images(model, batch["images"]).reshape(-1, model.cfg.code_dim))
     return np.concatenate(feats)
 

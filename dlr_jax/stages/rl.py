@@ -52,7 +52,7 @@ from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import load_latent_stage
 from dlr_jax.stages.rl_eval import held_out_evaluator
 from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, load_latent_decoder, sample_mesh_for
-from dlr_jax.trainer import Trainer, TrainingDiverged, _Writers
+from dlr_jax.trainer import MetricsWriter, Trainer, TrainingDiverged
 
 METRICS = (
     "step", "updates", "reward", "reward_std", "reward/answer", "reward/format", "accuracy", "n_latents",
@@ -369,7 +369,7 @@ def run(
 
     evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
-    writer = _Writers(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
+    writer = MetricsWriter(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
     signals = preemption.handling_signals()
     signals.__enter__()
     history: list[dict[str, float]] = []

@@ -79,7 +79,7 @@ def test_cache_reads_in_grain_worker_processes(rendered):
     finally:
         it.close()
     for i, b in enumerate(got):
-        want = rp._render_train_batch(i, None, plan=rp.BatchPlan(texts, **kw), rows=slice(None))
+        want = rp.render_train_batch(i, None, plan=rp.BatchPlan(texts, **kw), rows=slice(None))
         for k in want:
             np.testing.assert_array_equal(b[k], want[k], err_msg=k)
 

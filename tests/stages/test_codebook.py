@@ -73,7 +73,7 @@ def test_continuous_branch_is_skipped_once_alpha_is_zero():
     model = build_codebook_model(CodebookModelConfig.from_config(cfg), seed=0)
     texts = codebook.corpus_texts(cfg)
     plan = rp.BatchPlan(texts, batch_size=8, seed=0, config=rp.render_config(cfg.codebook), max_text_len=48)
-    batch = {k: jnp.asarray(v) for k, v in rp._render_train_batch(0, None, plan=plan, rows=slice(None)).items()}
+    batch = {k: jnp.asarray(v) for k, v in rp.render_train_batch(0, None, plan=plan, rows=slice(None)).items()}
     loss = jax.jit(lambda b, r: codebook.codebook_loss(model, b, r, lambda_vq=0.25, beta=0.1, dropout=0.5))
     rng = jax.random.key(0)
     q_sum, w, met = loss(batch, rng)

@@ -34,10 +34,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dlr_jax import bench
+from dlr_jax.bench import common
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "configs" / "tiny.yaml"
+DEFAULT_CONFIG = common.TINY_CONFIG
 PHASES = ("rollout", "score", "rewards", "update")
 LINKED = ("tokenizer", "textsft_cot", "sft", "codebook")  # what the rl stage reads from a workdir
 # The benchmark's own bookkeeping: no reward-curve evaluation, no progress bar, synchronous checkpoints and
@@ -180,7 +179,7 @@ def render_section(res: RLBenchResult, command: str, info: dict[str, str]) -> st
     warm = res.history[0]
     fmt = lambda key: ", ".join(f"{h[key]:.3f}" for h in res.timed)
     mean = lambda key: float(np.mean([h[key] for h in res.timed]))
-    lines = bench._header("Latent GRPO step: rollout tokens/s and time split", command, info) + [
+    lines = common.header("Latent GRPO step: rollout tokens/s and time split", command, info) + [
         f"Config: `{res.config}` ({res.source}): policy {res.model}, {res.params / 1e6:.2f}M params, fp32. "
         f"One RL step = {res.prompts} prompts x G = {res.group} rollouts (T = 1, at most {res.max_new_tokens} new "
         f"tokens, `</latent>` forced after {res.max_latents} latents), old"
@@ -263,7 +262,7 @@ def config_for(args: argparse.Namespace) -> tuple[Any, str]:
     path = args.rl_workdir / "config.yaml" if args.rl_workdir is not None else Path(args.rl_config)
     overrides: Sequence[str] = [*args.rl_set, *FIXED]
     try:
-        name = str(path.resolve().relative_to(REPO))
+        name = str(path.resolve().relative_to(common.REPO))
     except ValueError:
         name = str(path)
     return load_config(path, overrides), name + "".join(f" --rl-set {o}" for o in args.rl_set)
