@@ -25,14 +25,9 @@ from flax import nnx
 from dlr_jax.checkpoint import save_params
 from dlr_jax.config import load_config
 from dlr_jax.data.formats import PROMPT_SEP, prompt_ids
-from dlr_jax.models.codebook_model import (
-    CodebookModel,
-    CodebookModelConfig,
-    build_codebook_model,
-    encode_target,
-    teacher_inputs,
-)
+from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig, build_codebook_model, teacher_inputs
 from dlr_jax.models.transformer import causal_mask, segment_positions
+from dlr_jax.ocr_text import encode_target
 from dlr_jax.process_reward import LatentDecoder as LatentDecoderProtocol
 from dlr_jax.process_reward import ProcessReward
 from dlr_jax.rewards import RewardInputs, combine_rewards

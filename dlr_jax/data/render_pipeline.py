@@ -21,7 +21,7 @@ global and identical on every process (same seed); process i takes rows [i*b, (i
 batch, so all processes agree on L at every step.
 
 A batch (numpy):  images  uint8 [b, L, L] (grey; the model repeats it to RGB on the device)
-                  targets int32 [b, T_L]  (`codebook_model.encode_target`: chars, <eos>, <pad>)
+                  targets int32 [b, T_L]  (`ocr_text.encode_target`: chars, <eos>, <pad>)
                   index   int32 [b]       (position of the example in the input list)
 T_L is the 99th percentile of bucket L's target lengths rounded up to 16 (at most max_text_len);
 longer targets are cut and counted (`PlanStats.text_cut`).
@@ -48,7 +48,7 @@ import numpy as np
 
 from dlr_jax import render
 from dlr_jax.data.pipeline import _mark_absl_flags_parsed, _read_options
-from dlr_jax.models.codebook_model import encode_target, normalize_text
+from dlr_jax.ocr_text import encode_target, normalize_text
 
 log = logging.getLogger(__name__)
 

@@ -47,16 +47,15 @@ from dlr_jax.checkpoint import read_meta, restore_params, save_params
 from dlr_jax.config import Config, to_dict
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.models.codebook_model import (
-    VOCAB,
     CodebookModel,
     CodebookModelConfig,
     char_dropout,
     encode_images,
     init_rngs,
-    normalize_text,
     teacher_inputs,
 )
 from dlr_jax.models.vq import code_usage, kmeans_init, refresh_dead_codes, vq_objective
+from dlr_jax.ocr_text import VOCAB, normalize_text
 from dlr_jax.sharding import create_sharded, put_global
 from dlr_jax.stages import common
 from dlr_jax.stages.export import LatentDecoder, encode_ids, load_decoder

@@ -26,9 +26,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ConfigError
-from dlr_jax.models.codebook_model import normalize_text
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig, Ocr2CodebookModel
 from dlr_jax.models.vq import VectorQuantizer, code_usage, vq_objective
+from dlr_jax.ocr_text import normalize_text
 from dlr_jax.sharding import create_sharded
 
 

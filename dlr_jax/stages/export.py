@@ -33,8 +33,9 @@ from jax.sharding import Mesh
 from dlr_jax.config import Config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.latents import latents_path, write_latents
-from dlr_jax.models.codebook_model import VOCAB, CodebookModel, greedy_decode, jit_encode
+from dlr_jax.models.codebook_model import CodebookModel, greedy_decode, jit_encode
 from dlr_jax.models.vq import code_usage
+from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
 
 STAGE = "export"

@@ -31,8 +31,9 @@ from jax.sharding import Mesh
 
 from dlr_jax.checkpoint import read_meta, restore_params, save_params
 from dlr_jax.config import Config
-from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, char_dropout, teacher_inputs
+from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch, branch_from_codebook_model
+from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.trainer import TrainResult

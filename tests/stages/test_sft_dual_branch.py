@@ -20,9 +20,10 @@ from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
-from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, build_codebook_model, encode_target
+from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
+from dlr_jax.ocr_text import VOCAB, encode_target
 from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import codebook, common, export, latent_common, sft
 from tests.micro import codebook_nets
