@@ -114,7 +114,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     notes = []
     seq = cfg.data.max_len
     if stage == "rl":
-        from dlr_jax.stages.rl import make_grpo_loss
+        from dlr_jax.stages.rl_loss import make_grpo_loss
 
         rl = cfg.rl
         loss = make_grpo_loss(temperature=rl.temperature, vocab_mask=vocab_mask, epsilon=rl.epsilon,
