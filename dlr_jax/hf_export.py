@@ -35,7 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dlr_jax.handoff import load_stage_model
 from dlr_jax.hf_config import ConversionError
+from dlr_jax.workdir import final_dir
 
 # Files an export writes; with --force these (and any other shard) go before writing.
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -154,16 +156,15 @@ def export_stage(workdir: str | Path, stage: str, out: str | Path, *, force: boo
     from dlr_jax.checkpoint import read_meta
     from dlr_jax.convert import save_hf
     from dlr_jax.sharding import make_mesh
-    from dlr_jax.stages import common
 
-    d = common.final_dir(workdir, stage)
+    d = final_dir(workdir, stage)
     if not (d / "meta.json").is_file():
         raise ConversionError(f"{d}: stage {stage!r} has not finished in {workdir} (no final/meta.json)")
     kind = read_meta(d)["kind"]
     if kind not in ("latent_lm", "backbone"):
         raise ConversionError(f"{d}: a {kind!r} model has no Hugging Face causal-LM form")
     out = prepare_out_dir(out, force=force)
-    model, tok, _ = common.load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    model, tok, _ = load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     if kind == "latent_lm":
         suppress = [int(i) for i in np.flatnonzero(~model.vocab_mask())]
         cfg, model = latent_lm_as_transformer(model)

@@ -33,9 +33,10 @@ from dlr_jax.process_reward import ProcessReward
 from dlr_jax.rewards import RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler
 from dlr_jax.sharding import make_mesh
-from dlr_jax.stages import common, rl
+from dlr_jax.stages import rl
 from dlr_jax.stages.export import LatentDecoder
 from dlr_jax.tokens import train_bpe
+from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets
 from tests.test_process_reward import QUESTION, CopyEvaluator, _boundary, _completions
 
@@ -215,7 +216,7 @@ def test_rl_loads_the_codebook_stage_decoder(model, tmp_path):
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     assert rl.load_latent_decoder(cfg, tmp_path, mesh) is None  # no codebook stage yet
     mcfg = CodebookModelConfig.from_config(cfg)
-    save_params(model, common.final_dir(tmp_path, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
+    save_params(model, final_dir(tmp_path, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
     dec = rl.load_latent_decoder(cfg, tmp_path, mesh)
     assert isinstance(dec, LatentDecoder) and isinstance(dec, LatentDecoderProtocol)
     assert dec.batch_size == cfg.codebook.eval_batch_size

@@ -35,6 +35,8 @@ import numpy as np
 from flax import nnx
 
 from dlr_jax.bench import common
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import save_stage_model
 
 DEFAULT_CONFIG = common.TINY_CONFIG
 PHASES = ("rollout", "score", "rewards", "update")
@@ -102,12 +104,12 @@ def random_workdir(cfg: Any, workdir: Path) -> None:
     from dlr_jax.stages.latent_common import new_latent_lm
 
     common.prepare_workdir(cfg, workdir)
-    tok = common.get_tokenizer(cfg, workdir, common.load_examples(cfg, cfg.data.train_split))
+    tok = common.get_tokenizer(cfg, workdir, load_examples(cfg, cfg.data.train_split))
     mesh = common.make_mesh_for(cfg)
     backbone = common.new_backbone(cfg, tok, mesh)
-    common.save_stage_model(backbone, workdir, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
+    save_stage_model(backbone, workdir, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
     lm = new_latent_lm(cfg, workdir, tok, mesh)
-    common.save_stage_model(lm, workdir, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
+    save_stage_model(lm, workdir, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
 
 
 def link_workdir(trained: Path, workdir: Path) -> None:

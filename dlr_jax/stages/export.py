@@ -33,10 +33,12 @@ from jax.sharding import Mesh
 from dlr_jax.config import Config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.latents import latents_path, write_latents
+from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModel, greedy_decode, jit_encode
 from dlr_jax.models.vq import code_usage
 from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
+from dlr_jax.workdir import final_dir
 
 STAGE = "export"
 
@@ -142,7 +144,7 @@ def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: i
 
 
 def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: str) -> dict[str, Any]:
-    examples = common.load_examples(cfg, split)
+    examples = load_examples(cfg, split)
     ids, _, rate = encode_ids(model, [ex.cot for ex in examples], cfg.codebook, num_workers=cfg.data.num_workers)
     table = {ex.id: z for ex, z in zip(examples, ids, strict=True)}
     path = latents_path(workdir, split)
@@ -163,16 +165,16 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     from dlr_jax.stages.codebook import load_codebook_model
 
     del num_steps
-    if not (common.final_dir(workdir, "codebook") / "meta.json").is_file():
+    if not (final_dir(workdir, "codebook") / "meta.json").is_file():
         raise FileNotFoundError(
-            f"{common.final_dir(workdir, 'codebook')}: no trained codebook; run "
+            f"{final_dir(workdir, 'codebook')}: no trained codebook; run "
             f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first"
         )
     common.prepare_workdir(cfg, workdir)
     model = load_codebook_model(workdir, common.make_mesh_for(cfg))
     splits = list(dict.fromkeys([cfg.data.train_split, cfg.data.eval_split, *cfg.codebook.export_splits]))
     info = {s: export_split(model, cfg, workdir, s) for s in splits}
-    d = common.final_dir(workdir, STAGE)
+    d = final_dir(workdir, STAGE)
     d.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         (d / "meta.json").write_text(json.dumps({"stage": STAGE, "kind": "latents", "splits": info}, indent=2))

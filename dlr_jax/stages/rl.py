@@ -43,6 +43,8 @@ from flax import nnx
 from dlr_jax import grpo, preemption
 from dlr_jax.config import Config
 from dlr_jax.data.formats import parse_generation, prompt_ids
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import save_stage_model
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler, left_pad
@@ -53,6 +55,7 @@ from dlr_jax.stages.rl_eval import held_out_evaluator
 from dlr_jax.stages.rl_loss import make_grpo_loss
 from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, load_latent_decoder, sample_mesh_for
 from dlr_jax.trainer import MetricsWriter, Trainer, TrainingDiverged
+from dlr_jax.workdir import stage_dir
 
 METRICS = (
     "step", "updates", "reward", "reward_std", "reward/answer", "reward/format", "accuracy", "n_latents",
@@ -326,7 +329,7 @@ def run(
 
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
-    examples = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
+    examples = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
     tok = common.get_tokenizer(cfg, workdir, examples)
     examples = common.stage_examples(cfg, workdir, "rl", tok, examples)
@@ -361,7 +364,7 @@ def run(
     )
     trainer = Trainer(
         model, loss_fn, dataclasses.replace(tcfg, num_steps=total * updates_per_step),
-        common.stage_dir(workdir, "rl"), mesh=train_mesh, rules=rules,
+        stage_dir(workdir, "rl"), mesh=train_mesh, rules=rules,
         trainable=filter_for_stage("rl", model.latent_cfg), name="rl",
     )
     stream = PromptStream(len(examples), rl.num_prompts, cfg.run.seed)
@@ -456,6 +459,6 @@ def run(
         signals.__exit__(None, None, None)
     final = trainer.finalize()
     if not preempted:
-        common.save_stage_model(final, workdir, "rl", kind="latent_lm", model_cfg=final.model_cfg,
+        save_stage_model(final, workdir, "rl", kind="latent_lm", model_cfg=final.model_cfg,
                                 extra={"rl_steps": stream.steps})
     return RLResult(final, stream.steps, preempted, history, evals)

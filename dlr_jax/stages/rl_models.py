@@ -13,8 +13,8 @@ from jax.sharding import Mesh
 from dlr_jax.config import Config, ModelConfig, from_dict
 from dlr_jax.process_reward import LatentDecoder
 from dlr_jax.sharding import make_mesh, parse_mesh_spec
-from dlr_jax.stages import common
 from dlr_jax.tokens import Tokenizer
+from dlr_jax.workdir import final_dir
 
 
 def sample_mesh_for(spec: str, train_mesh: Mesh) -> Mesh:
@@ -80,7 +80,7 @@ def load_evaluator(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh)
     spec = cfg.rl.evaluator
     if spec == "backbone":
         return load_backbone_for_latents(cfg, workdir, tok, mesh)
-    d = Path(spec) if (Path(spec) / "meta.json").is_file() else common.final_dir(workdir, spec)
+    d = Path(spec) if (Path(spec) / "meta.json").is_file() else final_dir(workdir, spec)
     meta = read_meta(d)
     if meta.get("kind") != "backbone":
         raise ValueError(f"{d}: rl.evaluator must be a text backbone checkpoint, found kind={meta.get('kind')!r}")

@@ -37,13 +37,14 @@ from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.trainer import TrainResult
+from dlr_jax.workdir import final_dir, stage_dir
 
 STAGE = "sft"
 
 
 def decoder_dir(workdir: str | Path) -> Path:
     """Where sft writes its dual-branch OCR decoder."""
-    return common.stage_dir(workdir, STAGE) / "decoder"
+    return stage_dir(workdir, STAGE) / "decoder"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -122,7 +123,7 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
     mode = cfg.latent.dual_branch
     if mode == "off":
         return None
-    cb_dir = common.final_dir(workdir, "codebook")
+    cb_dir = final_dir(workdir, "codebook")
     have = (cb_dir / "meta.json").is_file()
     if mode == "auto" and not (have and cfg.latent.source == "codebook"):
         return None
@@ -179,7 +180,7 @@ def _from_align(cfg, workdir, tok, mesh):
 def _check_branch_flip(workdir: str | Path, on: bool) -> None:
     """The dual branch changes the checkpointed tree: resuming with it flipped cannot work. The
     choice is recorded next to the checkpoints (sft/dual_branch.json) and checked on resume."""
-    d = common.stage_dir(workdir, STAGE)
+    d = stage_dir(workdir, STAGE)
     marker, ckpts = d / "dual_branch.json", d / "checkpoints"
     resuming = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
     if resuming and marker.is_file():
@@ -204,6 +205,6 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> Tr
         print(f"[sft] dual branch off: moved the earlier run's OCR decoder {stale} to {moved}; the process "
               "reward will use the codebook stage's decoder", flush=True)
     if branch is not None:
-        print(f"[sft] dual branch on: OCR decoder from {common.final_dir(workdir, 'codebook')}, "
+        print(f"[sft] dual branch on: OCR decoder from {final_dir(workdir, 'codebook')}, "
               f"weight {branch.weight}; writes {decoder_dir(workdir)}", flush=True)
     return train_latent_stage(cfg, workdir, STAGE, _from_align, num_steps=num_steps, branch=branch)

@@ -16,8 +16,9 @@ from dlr_jax import render
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.latents import latents_path, read_latents
+from dlr_jax.data.sources import load_examples
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookModel
-from dlr_jax.stages import codebook, codebook_ocr2, common, export
+from dlr_jax.stages import codebook, codebook_ocr2, export
 from tests.hf_fixtures import save_tiny_ocr2, tiny_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,7 +73,7 @@ def test_stage_from_ocr2_checkpoint_then_export(ckpt, tmp_path):
 
     info = export.run(cfg, tmp_path)
     table = read_latents(latents_path(tmp_path, "test"), num_codes=16)
-    ex = common.load_examples(cfg, "test")[0]
+    ex = load_examples(cfg, "test")[0]
     img = np.asarray(render.render_cot_ex(ex.cot, config=rp.render_config(cfg.codebook)).image)[None, ..., 0]
     want = jax.jit(lambda x: model.nearest(model.encode(x)))(jnp.asarray(img))[0].tolist()
     assert list(table[ex.id]) == want and len(want) == 4

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from dlr_jax.config import load_config
+from dlr_jax.handoff import load_stage_model
 from dlr_jax.stages import align, codebook, common, export, rl, sft, textsft
 from tests.hf_fixtures import save_tiny_checkpoint
 from tests.micro import codebook_nets
@@ -126,7 +127,7 @@ def test_paper_recipe_runs_every_stage_from_a_checkpoint(family, checkpoints, sh
 
     from dlr_jax import convert
 
-    model, tok, _ = common.load_stage_model(w, "rl")
+    model, tok, _ = load_stage_model(w, "rl")
     out = tmp_path_factory.mktemp(f"hf_out_{family}")
     convert.main(["--to-hf", "--from-workdir", str(w), "--stage", "rl", "--out", str(out), "--force"])
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
