@@ -10,7 +10,7 @@ page is one standalone HTML file (images inlined as PNG data, no network assets)
 to a JSONL file beside it (images left out).
 
 The OCR decoder is stage sft's dual-branch decoder when sft trained one, else the codebook stage's
-(`dlr_jax.stages.export.load_decoder`). A `--question` has no gold: its row shows no gold image or
+(`dlr_jax.stages.codebook_models.load_decoder`). A `--question` has no gold: its row shows no gold image or
 answer and no correctness.
 """
 
@@ -56,7 +56,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     from dlr_jax import render
     from dlr_jax.data.render_pipeline import render_config
     from dlr_jax.evaluate import default_loader, evaluate_examples
-    from dlr_jax.stages.export import load_decoder
+    from dlr_jax.stages.codebook_models import load_decoder
 
     stage = stage or default_stage(workdir)
     model, tok, cfg = load_stage_model(workdir, stage)

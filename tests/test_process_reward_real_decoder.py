@@ -1,4 +1,4 @@
-"""r_proc through the real OCR decoder path: `stages.export.LatentDecoder` over a micro `CodebookModel`
+"""r_proc through the real OCR decoder path: `stages.codebook_models.LatentDecoder` over a micro `CodebookModel`
 (and `rl.load_latent_decoder` reading one from a workdir), with the scripted copy evaluator of
 tests/test_process_reward.py.
 
@@ -34,7 +34,7 @@ from dlr_jax.rewards import RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler
 from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import rl
-from dlr_jax.stages.export import LatentDecoder
+from dlr_jax.stages.codebook_models import LatentDecoder
 from dlr_jax.tokens import train_bpe
 from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets

@@ -125,7 +125,7 @@ def link_workdir(trained: Path, workdir: Path) -> None:
 def random_decoder(cfg: Any) -> Any:
     """A random-init OCR decoder of the config's `codebook:` section (for timing r_proc only)."""
     from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-    from dlr_jax.stages.export import LatentDecoder
+    from dlr_jax.stages.codebook_models import LatentDecoder
 
     model = build_codebook_model(CodebookModelConfig.from_config(cfg), seed=cfg.run.seed)
     return LatentDecoder(model, batch_size=cfg.codebook.eval_batch_size)

@@ -279,7 +279,7 @@ def greedy_decode(
     """Greedy character ids [b, max_len] (<pad> after <eos> or the row's limit) from prefix features
     (codebook rows or continuous H). Row i's prefix is its last `n_valid[i]` rows (left padding;
     default: all p). `limits[i]` caps row i's length (incl. <eos>). Shapes and `max_len` are static:
-    bucket them to reuse compilations (`export.LatentDecoder` does)."""
+    bucket them to reuse compilations (`stages.codebook_models.LatentDecoder` does)."""
     if isinstance(model_or_split, tuple):
         graphdef, state = model_or_split
     else:

@@ -41,9 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, restore_params, save_params
+from dlr_jax.checkpoint import save_params
 from dlr_jax.config import Config, to_dict
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.sources import corpus_texts
@@ -59,7 +58,7 @@ from dlr_jax.models.vq import code_usage, kmeans_init, refresh_dead_codes, vq_ob
 from dlr_jax.ocr_text import VOCAB, normalize_text
 from dlr_jax.sharding import create_sharded, put_global
 from dlr_jax.stages import common
-from dlr_jax.stages.export import LatentDecoder, encode_ids, load_decoder
+from dlr_jax.stages.codebook_models import LatentDecoder, encode_ids
 from dlr_jax.trainer import Trainer
 from dlr_jax.workdir import final_dir, stage_dir
 
@@ -303,32 +302,6 @@ def reconstruction_report(model: CodebookModel, texts: Sequence[str], cb: Any, *
 
 def model_config(cfg: Config) -> CodebookModelConfig:
     return CodebookModelConfig.from_config(cfg)
-
-
-def load_codebook_model(workdir: str | Path, mesh: Mesh | None = None) -> CodebookModel:
-    """The finished stage's model from <workdir>/codebook/final (an `Ocr2CodebookModel` when the
-    stage started from a DeepSeek-OCR-2 checkpoint)."""
-    d = final_dir(workdir, STAGE)
-    meta = read_meta(d)["model"]
-    if meta.get("kind") == "ocr2":
-        from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig, Ocr2CodebookModel
-
-        ocfg = Ocr2CodebookConfig.from_dict(meta)
-        return restore_params(lambda: Ocr2CodebookModel(ocfg, rngs=nnx.Rngs(0)), d, mesh)
-    mcfg = CodebookModelConfig.from_dict(meta)
-    return restore_params(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(0)), d, mesh)
-
-
-def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = None) -> LatentDecoder | None:
-    """The frozen OCR decoder as a `process_reward.LatentDecoder`, or None before this stage ran."""
-    if not (final_dir(workdir, STAGE) / "meta.json").is_file():
-        return None
-    if read_meta(final_dir(workdir, STAGE))["model"].get("kind") == "ocr2":
-        # LatentDecoder greedy-decodes the character decoder; an OCR-2 decoder has no cached decoding yet
-        print(f"[codebook] {final_dir(workdir, STAGE)} is a DeepSeek-OCR-2 codebook: no latent decoder for "
-              "the process reward yet", flush=True)
-        return None
-    return load_decoder(workdir, mesh=mesh, batch_size=cfg.codebook.eval_batch_size)
 
 
 def _render_rate(plan: rp.BatchPlan, n: int = 256) -> float:

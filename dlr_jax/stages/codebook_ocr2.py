@@ -155,7 +155,7 @@ def held_out_report(model: Ocr2CodebookModel, texts: list[str], cb: Any, tok: An
     """Held-out teacher-forced token CE / accuracy from each example's own code ids vs ids shuffled
     across examples of the same N (a decoder that ignores the codes scores the same on both), and
     code usage. (Greedy OCR with the MoE decoder needs a KV-cached decoder: not written yet.)"""
-    from dlr_jax.stages.export import encode_ids
+    from dlr_jax.stages.codebook_models import encode_ids
 
     ids, _, rate = encode_ids(model, texts, cb)
     targets = token_targets(tok, texts, cb.max_text_len, model.cfg.eos_id)

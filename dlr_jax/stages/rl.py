@@ -50,10 +50,11 @@ from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine
 from dlr_jax.sampling import Sampler, left_pad
 from dlr_jax.sharding import state_shardings
 from dlr_jax.stages import common
+from dlr_jax.stages.codebook_models import load_latent_decoder
 from dlr_jax.stages.latent_common import load_latent_stage
 from dlr_jax.stages.rl_eval import held_out_evaluator
 from dlr_jax.stages.rl_loss import make_grpo_loss
-from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, load_latent_decoder, sample_mesh_for
+from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, sample_mesh_for
 from dlr_jax.trainer import MetricsWriter, Trainer, TrainingDiverged
 from dlr_jax.workdir import stage_dir
 

@@ -11,8 +11,8 @@ uses the codebook stage's input-character dropout (codebook.char_dropout) and sf
 
 Outputs: <workdir>/sft/final (the latent LM, as without the branch) and, with the branch,
 <workdir>/sft/decoder (params + meta.json, kind "ocr_decoder"): the trained decoder with the final
-rows E_lat(k) frozen in. `export.load_decoder` (and so RL's process reward) prefers it over the
-codebook stage's decoder.
+rows E_lat(k) frozen in. `codebook_models.load_decoder` (and so RL's process reward) prefers it over
+the codebook stage's decoder.
 """
 
 from __future__ import annotations
@@ -29,22 +29,18 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, restore_params, save_params
+from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import Config
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
-from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch, branch_from_codebook_model
+from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
 from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
+from dlr_jax.stages.codebook_models import decoder_dir, load_codebook_model
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.trainer import TrainResult
 from dlr_jax.workdir import final_dir, stage_dir
 
 STAGE = "sft"
-
-
-def decoder_dir(workdir: str | Path) -> Path:
-    """Where sft writes its dual-branch OCR decoder."""
-    return stage_dir(workdir, STAGE) / "decoder"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,8 +97,6 @@ class DualBranch:
 
     def wrap(self, lm, trainable: Any, mesh: Mesh, rules: Any):
         """(DualBranchLM, its loss, LM filter + the OCR branch's params)."""
-        from dlr_jax.stages.codebook import load_codebook_model
-
         ocr = branch_from_codebook_model(load_codebook_model(self.workdir, mesh), lm, mesh=mesh, rules=rules)
         loss = functools.partial(dual_branch_loss, vocab_mask=lm.vocab_mask(), weight=self.weight,
                                  dropout=self.dropout)
@@ -154,19 +148,6 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
         )
     dcfg = CodebookModelConfig.from_dict(meta)
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout))
-
-
-def load_ocr_decoder(workdir: str | Path, mesh: Mesh | None = None) -> OCRBranch | None:
-    """Stage sft's dual-branch decoder (with frozen code rows) from <workdir>/sft/decoder, or None."""
-    d = decoder_dir(workdir)
-    if not (d / "meta.json").is_file():
-        return None
-    meta = read_meta(d)
-    if meta.get("kind") != "ocr_decoder":
-        raise ValueError(f"{d / 'meta.json'}: kind is {meta.get('kind')!r}, expected 'ocr_decoder'")
-    dcfg = CodebookModelConfig.from_dict(meta["model"])
-    k, f = int(meta["num_codes"]), int(meta["feature_dim"])
-    return restore_params(lambda: OCRBranch(dcfg, f, rngs=nnx.Rngs(0), code_rows=jnp.zeros((k, f))), d, mesh)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from dlr_jax.data.sources import corpus_texts
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.process_reward import LatentDecoder
 from dlr_jax.stages import codebook
+from dlr_jax.stages.codebook_models import load_codebook_model, load_latent_decoder
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,7 +115,7 @@ def test_stage_writes_artifacts(run_dir):
     assert 1 <= h["used_codes"] <= 16 and h["mean_n"] == 4.0
     meta = json.loads((out / "final" / "meta.json").read_text())
     assert meta["kind"] == "codebook" and CodebookModelConfig.from_dict(meta["model"]).num_codes == 16
-    model = codebook.load_codebook_model(w)
+    model = load_codebook_model(w)
     np.testing.assert_array_equal(np.asarray(model.vq.codebook[...]), cb)
 
 
@@ -150,11 +151,11 @@ def test_checkpoint_report_matches_the_final_report(run_dir, capsys):
 
 def test_latent_decoder_from_the_stage(run_dir):
     cfg, w, _, _ = run_dir
-    dec = codebook.load_latent_decoder(cfg, w)
+    dec = load_latent_decoder(cfg, w)
     assert isinstance(dec, LatentDecoder)
     out = dec.decode([[0, 1, 2, 3], [5], []])
     assert len(out) == 3 and all(isinstance(s, str) for s in out) and out[2] == ""
-    assert codebook.load_latent_decoder(cfg, w / "nowhere") is None
+    assert load_latent_decoder(cfg, w / "nowhere") is None
 
 
 def test_sigterm_in_warmup_stops_the_stage(tmp_path, monkeypatch):

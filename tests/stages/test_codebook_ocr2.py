@@ -19,6 +19,7 @@ from dlr_jax.data.latents import latents_path, read_latents
 from dlr_jax.data.sources import load_examples
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookModel
 from dlr_jax.stages import codebook, codebook_ocr2, export
+from dlr_jax.stages.codebook_models import load_codebook_model
 from tests.hf_fixtures import save_tiny_ocr2, tiny_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ def test_stage_from_ocr2_checkpoint_then_export(ckpt, tmp_path):
     assert h["examples"] == 8 and h["mean_n"] == 4.0 and 1 <= h["used_codes"] <= 16
     assert np.isfinite(h["ce_true"]) and np.isfinite(h["ce_shuffled"])
 
-    model = codebook.load_codebook_model(tmp_path)
+    model = load_codebook_model(tmp_path)
     assert isinstance(model, Ocr2CodebookModel) and model.cfg.quantize_at == "flow"
     np.testing.assert_array_equal(np.asarray(model.vq.codebook[...]), np.load(tmp_path / "codebook" / "codebook.npy"))
     # The pretrained weights were fine-tuned, not replaced: the loaded decoder still has the checkpoint's shapes.

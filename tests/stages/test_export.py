@@ -15,6 +15,7 @@ from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.process_reward import LatentDecoder as LatentDecoderProtocol
 from dlr_jax.stages import export
+from dlr_jax.stages.codebook_models import load_decoder
 from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets
 
@@ -65,7 +66,7 @@ def test_ids_are_the_nearest_codes_of_the_rendered_image(exported):
 
 def test_latent_decoder_round_trip(exported):
     _, w, model, _ = exported
-    dec = export.load_decoder(w, batch_size=4)
+    dec = load_decoder(w, batch_size=4)
     assert isinstance(dec, LatentDecoderProtocol)
     codes = [list(range(n)) for n in range(1, 17)] + [[], [31, 0, 7]]  # any N from 1 to 16
     out = dec.decode(codes)

@@ -27,7 +27,8 @@ from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
 from dlr_jax.ocr_text import VOCAB, encode_target
 from dlr_jax.sharding import make_mesh
-from dlr_jax.stages import codebook, common, export, latent_common, sft
+from dlr_jax.stages import common, latent_common, sft
+from dlr_jax.stages.codebook_models import decoder_dir, load_decoder, load_latent_decoder
 from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets
 
@@ -259,12 +260,12 @@ def test_outputs_and_decoder_for_later_stages(setup, trained):
     cfg, w, tok, _, _, cbm = setup
     _, second = trained
     assert read_meta(w / "sft" / "final")["kind"] == "latent_lm"
-    meta = read_meta(sft.decoder_dir(w))
+    meta = read_meta(decoder_dir(w))
     assert meta["kind"] == "ocr_decoder" and meta["steps"] == 30 and meta["num_codes"] == K
     lm = load_stage_model(w, "sft", mesh=_one())[0]
-    dec = export.load_decoder(w, batch_size=4)  # what RL's process reward gets, via codebook.load_latent_decoder
+    dec = load_decoder(w, batch_size=4)  # what RL's process reward gets, via load_latent_decoder
     assert isinstance(dec.model, OCRBranch)
-    assert isinstance(codebook.load_latent_decoder(cfg, w).model, OCRBranch)
+    assert isinstance(load_latent_decoder(cfg, w).model, OCRBranch)
     # the frozen rows are the final sft model's E_lat(k), as the decoder saw them in training
     want = lm.embed_latents(jnp.arange(K)[None])[0]
     np.testing.assert_allclose(dec.model.vq.codebook[...], want, rtol=1e-5, atol=1e-6)
@@ -288,11 +289,11 @@ def test_a_fresh_run_without_the_branch_moves_the_old_decoder_away(setup, traine
     for old in ("checkpoints", "final", "events", "dual_branch.json"):  # a fresh sft run, the decoder left
         shutil.rmtree(wd / "sft" / old, ignore_errors=True)
         (wd / "sft" / old).unlink(missing_ok=True)
-    assert sft.decoder_dir(wd).is_dir()
+    assert decoder_dir(wd).is_dir()
     sft.run(apply_overrides(cfg, ["latent.dual_branch=off"]), wd, num_steps=1)
-    assert not sft.decoder_dir(wd).exists()
+    assert not decoder_dir(wd).exists()
     assert len(list((wd / "sft").glob("decoder.stale-*"))) == 1  # moved, not deleted
-    assert not isinstance(export.load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder
+    assert not isinstance(load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder
 
 
 class _Stop(Exception):
