@@ -3,7 +3,7 @@
 The paper fine-tunes DeepSeek-OCR-2 with a VQ inserted after the causal flow (d_c = 896); this
 module supplies what differs from the from-scratch stage (stages/codebook.py), which calls it:
   - the model: encoder, projector and MoE decoder imported from the checkpoint
-    (`ocr2_convert.load_ocr2`), a fresh VQ of K = latent.num_latents codes at `codebook.quantize_at`
+    (`convert.ocr2.load_ocr2`), a fresh VQ of K = latent.num_latents codes at `codebook.quantize_at`
     (flow: d_c; projector: the decoder width, as the authors' released code);
   - text: the checkpoint's tokenizer (tokenizer.json) instead of characters; each batch's `targets`
     are replaced by the CoT's token ids + <eos>, padded with PAD to codebook.max_text_len tokens
@@ -48,7 +48,7 @@ def tokenize(tok: Any, text: str) -> list[int]:
 
 def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
     """(model, tokenizer): the pretrained OCR2 from codebook.init_from with a fresh VQ."""
-    from dlr_jax.ocr2_convert import load_ocr2
+    from dlr_jax.convert.ocr2 import load_ocr2
 
     cb = cfg.codebook
     ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype,

@@ -87,8 +87,8 @@ def test_loss_alpha_branch_adds_alpha_times_the_continuous_ce(ckpt):
     branch equals the quantised-only loss plus alpha times the CE of the continuous features."""
     from flax import nnx
 
+    from dlr_jax.convert.ocr2 import load_ocr2
     from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig
-    from dlr_jax.ocr2_convert import load_ocr2
 
     ocfg, ocr2 = load_ocr2(ckpt)
     model = Ocr2CodebookModel(Ocr2CodebookConfig(ocfg, 16, 0.0, 24), rngs=nnx.Rngs(0))
