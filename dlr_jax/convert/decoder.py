@@ -34,7 +34,16 @@ from jax.sharding import Mesh
 
 from dlr_jax.config import ConfigError, ModelConfig, from_dict, to_dict
 from dlr_jax.convert import ocr2
-from dlr_jax.convert.tensors import TensorReader, check_finite, default_mesh, param_sharding, path_str, tensor_index
+from dlr_jax.convert.tensors import (
+    TensorReader,
+    check_finite,
+    default_mesh,
+    param_sharding,
+    path_str,
+    restore_param_state,
+    save_param_state,
+    tensor_index,
+)
 from dlr_jax.hf_config import FAMILIES, ConversionError, Family, model_config_from_hf, supported_model_types
 from dlr_jax.models.transformer import Transformer
 
@@ -313,26 +322,13 @@ def save_orbax(
     model: Transformer, config: ModelConfig, out_dir: str | Path, *, overwrite: bool = False
 ) -> Path:
     """Writes `<out_dir>/params` (Orbax, the Param state as a pure dict) + `model_config.json`."""
-    import orbax.checkpoint as ocp
-
-    out = Path(out_dir).absolute()
-    if (out / "params").exists() and not overwrite:
-        raise ConversionError(f"{out / 'params'}: already exists (pass overwrite=True / --force)")
-    out.mkdir(parents=True, exist_ok=True)
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(out / "params", nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=overwrite)
-    ckptr.wait_until_finished()
-    if jax.process_index() == 0:
-        (out / "model_config.json").write_text(json.dumps(to_dict(config), indent=2))
-    return out
+    return save_param_state(model, out_dir, "model_config.json", to_dict(config), overwrite=overwrite)
 
 
 def load_orbax(
     ckpt_dir: str | Path, mesh: Mesh | None = None, rules: str | Mapping = "fsdp"
 ) -> tuple[ModelConfig, Transformer]:
     """Restores a `save_orbax` directory onto shardings derived from the abstract model."""
-    import orbax.checkpoint as ocp
-
     d = Path(ckpt_dir).absolute()
     cfg_file = d / "model_config.json"
     if not cfg_file.is_file():
@@ -343,14 +339,7 @@ def load_orbax(
         raise ConversionError(f"{cfg_file}: {e}") from None
     mesh = mesh or default_mesh()
     graphdef, state = abstract_model(cfg)
-
-    def target(v: nnx.Variable) -> jax.ShapeDtypeStruct:
-        x = v.get_value()
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=param_sharding(v, mesh, rules))
-
-    targets = nnx.to_pure_dict(jax.tree.map(target, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
-    restored = ocp.StandardCheckpointer().restore(d / "params", targets)
-    nnx.replace_by_pure_dict(state, restored)
+    restore_param_state(state, d, mesh, rules)
     return cfg, nnx.merge(graphdef, state)
 
 

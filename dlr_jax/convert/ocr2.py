@@ -24,7 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.convert.ocr2_names import HFTensors, to_disk_names
-from dlr_jax.convert.tensors import default_mesh, param_sharding, path_str
+from dlr_jax.convert.tensors import default_mesh, param_sharding, path_str, restore_param_state, save_param_state
 from dlr_jax.hf_config import ConversionError
 from dlr_jax.models.causal_flow import load_hf_vision_state_dict
 from dlr_jax.models.moe import moe_arrays_from_hf, moe_arrays_to_hf
@@ -232,38 +232,19 @@ ORBAX_CONFIG = "ocr2_config.json"
 
 
 def save_ocr2_orbax(model: Ocr2Model, out_dir: str | Path, *, overwrite: bool = False) -> Path:
-    import orbax.checkpoint as ocp
-
-    out = Path(out_dir).absolute()
-    if (out / "params").exists() and not overwrite:
-        raise ConversionError(f"{out / 'params'}: already exists (pass overwrite=True / --force)")
-    out.mkdir(parents=True, exist_ok=True)
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(out / "params", nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=overwrite)
-    ckptr.wait_until_finished()
-    if jax.process_index() == 0:
-        dtype = model.cfg.text.base.param_dtype
-        (out / ORBAX_CONFIG).write_text(json.dumps(hf_config_dict(model.cfg, dtype), indent=2))
-    return out
+    config = hf_config_dict(model.cfg, model.cfg.text.base.param_dtype)
+    return save_param_state(model, out_dir, ORBAX_CONFIG, config, overwrite=overwrite)
 
 
 def load_ocr2_orbax(
     ckpt_dir: str | Path, *, mesh: Mesh | None = None, rules: str | Mapping = "fsdp"
 ) -> tuple[Ocr2Config, Ocr2Model]:
-    import orbax.checkpoint as ocp
-
     d = Path(ckpt_dir).absolute()
     raw = json.loads((d / ORBAX_CONFIG).read_text())
     cfg = ocr2_config_from_hf(raw, dtype=raw.get("dtype") or "float32")
     mesh = mesh or default_mesh()
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Ocr2Model(cfg, rngs=nnx.Rngs(0))))
-
-    def target(v: nnx.Variable) -> jax.ShapeDtypeStruct:
-        x = v.get_value()
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=param_sharding(v, mesh, rules))
-
-    targets = nnx.to_pure_dict(jax.tree.map(target, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
-    nnx.replace_by_pure_dict(state, ocp.StandardCheckpointer().restore(d / "params", targets))
+    restore_param_state(state, d, mesh, rules)
     return cfg, nnx.merge(graphdef, state)
 
 

@@ -118,3 +118,38 @@ def param_sharding(var: nnx.Variable, mesh: Mesh, rules: str | Mapping) -> Named
     shape = var.get_value().shape
     axes = var.get_metadata().get("logical_axes")
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
+
+
+# ----------------------------------------------------------------------------------------------
+# Orbax: <dir>/params (the Param state as a pure dict) + one JSON file that says what model it is.
+
+
+def save_param_state(model: nnx.Module, out_dir: str | Path, config_file: str, config: Mapping[str, Any], *,
+                     overwrite: bool = False) -> Path:
+    """Writes `<out_dir>/params` and `<out_dir>/<config_file>` (process 0); refuses to replace an
+    existing checkpoint unless `overwrite`."""
+    import orbax.checkpoint as ocp
+
+    out = Path(out_dir).absolute()
+    if (out / "params").exists() and not overwrite:
+        raise ConversionError(f"{out / 'params'}: already exists (pass overwrite=True / --force)")
+    out.mkdir(parents=True, exist_ok=True)
+    ckptr = ocp.StandardCheckpointer()
+    ckptr.save(out / "params", nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=overwrite)
+    ckptr.wait_until_finished()
+    if jax.process_index() == 0:
+        (out / config_file).write_text(json.dumps(dict(config), indent=2))
+    return out
+
+
+def restore_param_state(state: nnx.State, ckpt_dir: str | Path, mesh: Mesh, rules: str | Mapping) -> None:
+    """Fills the abstract `state` from `<ckpt_dir>/params`, each param restored straight onto its
+    sharding on `mesh` (from its logical axes)."""
+    import orbax.checkpoint as ocp
+
+    def target(v: nnx.Variable) -> jax.ShapeDtypeStruct:
+        x = v.get_value()
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=param_sharding(v, mesh, rules))
+
+    targets = nnx.to_pure_dict(jax.tree.map(target, state, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+    nnx.replace_by_pure_dict(state, ocp.StandardCheckpointer().restore(Path(ckpt_dir).absolute() / "params", targets))
