@@ -19,7 +19,7 @@ from dlr_jax.handoff import load_stage_model, save_stage_model
 from dlr_jax.hf_config import ConversionError
 from tests.hf_fixtures import hf_logits, random_ids, save_tiny_hf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from dlr_jax.sharding import make_mesh, max_bytes_on_one_device, sharded_fractio
 from tests.hf_fixtures import FAMILIES, LLAMA3_ROPE, build_tiny_hf, hf_logits, random_ids, save_tiny_hf
 
 TOL = 1e-4
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
