@@ -1,4 +1,4 @@
-"""One writer per workdir, and a workdir that always says what ran in it.
+"""The workdir: its layout, one writer at a time, and a record that always says what ran in it.
 
 `open_run(cfg, workdir)` is what `python -m dlr_jax.train` does before any stage writes a file:
 
