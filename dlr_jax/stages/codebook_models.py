@@ -34,7 +34,11 @@ from dlr_jax.models.dual_branch import OCRBranch
 from dlr_jax.ocr_text import VOCAB
 from dlr_jax.workdir import final_dir, stage_dir
 
-CODEBOOK, SFT = "codebook", "sft"
+CODEBOOK, SFT = "codebook", "sft"  # the stages whose outputs these loaders read
+
+
+# ----------------------------------------------------------------------------------------------
+# Texts to latent ids and back.
 
 
 class LatentDecoder:
