@@ -100,13 +100,13 @@ class RLBenchResult:
 
 def random_workdir(cfg: Any, workdir: Path) -> None:
     """Writes what stage rl reads (tokenizer, textsft_cot/final, sft/final) from untrained models."""
-    from dlr_jax.stages import common
+    from dlr_jax.stages import common as stage_common
     from dlr_jax.stages.latent_common import new_latent_lm
 
-    common.prepare_workdir(cfg, workdir)
-    tok = common.get_tokenizer(cfg, workdir, load_examples(cfg, cfg.data.train_split))
-    mesh = common.make_mesh_for(cfg)
-    backbone = common.new_backbone(cfg, tok, mesh)
+    stage_common.prepare_workdir(cfg, workdir)
+    tok = stage_common.get_tokenizer(cfg, workdir, load_examples(cfg, cfg.data.train_split))
+    mesh = stage_common.make_mesh_for(cfg)
+    backbone = stage_common.new_backbone(cfg, tok, mesh)
     save_stage_model(backbone, workdir, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
     lm = new_latent_lm(cfg, workdir, tok, mesh)
     save_stage_model(lm, workdir, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
