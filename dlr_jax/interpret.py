@@ -10,8 +10,8 @@ page is one standalone HTML file (images inlined as PNG data, no network assets)
 to a JSONL file beside it (images left out).
 
 The OCR decoder is stage sft's dual-branch decoder when sft trained one, else the codebook stage's
-(`dlr_jax.stages.codebook_models.load_decoder`). A `--question` has no gold: its row shows no gold image or
-answer and no correctness.
+(`dlr_jax.stages.codebook_models.load_decoder`). A `--question` has no gold: its row shows no gold
+image or answer and no correctness.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.data.records import Example
-from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import load_stage_model
 from dlr_jax.workdir import final_dir
 
 GOLDLESS = "custom"
@@ -35,7 +33,6 @@ GOLDLESS = "custom"
 
 def default_stage(workdir: str | Path) -> str:
     """The latest trained latent stage of a workdir: rl, else sft."""
-
     for stage in ("rl", "sft", "align"):
         if final_dir(workdir, stage).exists():
             return stage
@@ -55,7 +52,9 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     latent_codes, decoded_cot, prediction, answer, correct (None without a gold), n_latents."""
     from dlr_jax import render
     from dlr_jax.data.render_pipeline import render_config
+    from dlr_jax.data.sources import load_examples
     from dlr_jax.evaluate import default_loader, evaluate_examples
+    from dlr_jax.handoff import load_stage_model
     from dlr_jax.stages.codebook_models import load_decoder
 
     stage = stage or default_stage(workdir)
