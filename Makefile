@@ -30,8 +30,10 @@ demo: $(STAMP)
 bench: $(STAMP)
 	JAX_PLATFORMS=cpu $(BIN)/python -m dlr_jax.bench --out BENCHMARKS.md
 
+# ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers README "Architecture" draws).
 lint: $(STAMP)
 	$(BIN)/ruff check dlr_jax tests
+	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache

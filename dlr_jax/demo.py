@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dlr_jax.workdir import final_dir, stage_dir
+
 
 def interop_demo(workdir: Path) -> dict[str, float]:
     import torch
@@ -78,7 +80,7 @@ def _stage_available(name: str) -> bool:
 def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool = True) -> list[dict]:
     from dlr_jax.config import load_config
     from dlr_jax.evaluate import evaluate
-    from dlr_jax.stages import align, common, sft, textsft
+    from dlr_jax.stages import align, sft, textsft
 
     cfg = load_config(config, overrides)
     use_codebook = _stage_available("codebook") and _stage_available("export") and cfg.latent.source == "codebook"
@@ -90,7 +92,7 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
         cfg = apply_overrides(cfg, ["latent.source=random"])
 
     def once(stage: str, fn) -> None:
-        if (common.final_dir(workdir, stage) / "meta.json").is_file():
+        if (final_dir(workdir, stage) / "meta.json").is_file():
             print(f"== {stage}: done earlier, skipping ==", flush=True)
             return
         print(f"== {stage} ==", flush=True)
@@ -118,7 +120,7 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
         methods.append(("DLR-RL", "rl"))
         from dlr_jax.stages.rl_eval import reward_curve
 
-        curve = reward_curve(common.stage_dir(workdir, "rl") / "metrics.jsonl")
+        curve = reward_curve(stage_dir(workdir, "rl") / "metrics.jsonl")
         if curve:
             where = cfg.rl.eval_split or cfg.data.eval_split
             print(f"RL reward on {cfg.rl.eval_prompts} fixed {where!r} prompts x {cfg.rl.eval_samples} samples "

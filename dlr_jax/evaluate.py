@@ -56,10 +56,14 @@ from jax.sharding import Mesh, NamedSharding
 from dlr_jax.config import Config, EvalConfig, apply_overrides, load_config, to_dict
 from dlr_jax.data.formats import parse_generation, prompt_ids
 from dlr_jax.data.records import Example
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import load_stage_model
 from dlr_jax.latent_grammar import eval_vocab_mask, latent_phase_processor, latent_processor_aux
 from dlr_jax.rewards import KNOWN_BENCHMARKS, extract_answer, format_reward, is_correct
 from dlr_jax.sampling import Sampler
+from dlr_jax.sharding import maybe_initialize_distributed, mesh_from_config
 from dlr_jax.tokens import Tokenizer
+from dlr_jax.workdir import stage_dir, workdir_config
 
 MODES = ("latent", "cot", "direct")
 STAGE_MODES = {"textsft_cot": "cot", "textsft_direct": "direct", "textsft": "cot"}  # others: latent
@@ -401,16 +405,14 @@ def evaluate(
     tag: str = "",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Loads `<workdir>/<stage>` (`stages.common.load_stage_model`), evaluates, writes
+    """Loads `<workdir>/<stage>` (`handoff.load_stage_model`), evaluates, writes
     `<workdir>/<stage>/eval/results.json` + `samples.jsonl`. Settings: the workdir's config, then
     the `eval`/`sampling` sections of `config`, then `overrides` (`eval.batch_size=16`), then the
     keyword arguments that are not None."""
-    from dlr_jax.stages import common
-
     mesh = None
     if any(o.strip().startswith("mesh.") for o in overrides):
-        mesh = common.make_mesh_for(apply_overrides(common.workdir_config(workdir), overrides))
-    model, tok, cfg = common.load_stage_model(workdir, stage, mesh=mesh)
+        mesh = mesh_from_config(apply_overrides(workdir_config(workdir), overrides).mesh)
+    model, tok, cfg = load_stage_model(workdir, stage, mesh=mesh)
     cfg = _eval_settings(cfg, config, overrides)
     ev = cfg.eval
     given = {"benchmarks": None if benchmarks is None else tuple(benchmarks), "seeds": seeds, "limit": limit,
@@ -421,13 +423,13 @@ def evaluate(
 
     def loader(name: str, split: str | None) -> list[Example]:
         if name == "synthetic" and cfg.data.dataset == "synthetic" and data_dir is None:
-            return common.load_examples(cfg, split or cfg.data.eval_split)  # the generator training used
+            return load_examples(cfg, split or cfg.data.eval_split)  # the generator training used
         return base_loader(name, split)
 
     results = run_benchmarks(
         model, tok, ev, mode=mode, force_latents=force_latents, constrain_format=constrain_format,
         prompt_bucket=cfg.sampling.prompt_bucket, mesh=mesh or _mesh_of(model), rules=cfg.mesh.rules,
-        loader=loader, out_dir=common.stage_dir(workdir, stage) / "eval", tag=tag,
+        loader=loader, out_dir=stage_dir(workdir, stage) / "eval", tag=tag,
         record={"workdir": str(workdir), "stage": stage, "config": to_dict(cfg)}, progress=progress,
     )
     return results
@@ -491,8 +493,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             Path(a.out).write_text(json.dumps(agg, indent=2) + "\n")
         print(format_aggregate(agg), flush=True)
         return agg
-    from dlr_jax.train import maybe_initialize_distributed
-
     maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
     if not a.workdir:
         parser.error("--workdir is required (or --aggregate W1 W2 ...)")

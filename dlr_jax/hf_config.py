@@ -39,7 +39,7 @@ FAMILIES: dict[str, Family] = {
         unsupported=("attention_bias",),
     ),
 }
-def _supported() -> str:
+def supported_model_types() -> str:
     return ", ".join(FAMILIES)
 
 
@@ -57,7 +57,7 @@ def _read_hf_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
     f = _config_file(path)
     if not f.is_file():
         raise ConversionError(
-            f"{f}: not found; expected a Hugging Face config.json (supported model_type: {_supported()})"
+            f"{f}: not found; expected a Hugging Face config.json (supported model_type: {supported_model_types()})"
         )
     try:
         raw = json.loads(f.read_text())
@@ -65,7 +65,7 @@ def _read_hf_json(path: str | Path) -> tuple[Path, dict[str, Any]]:
         raise ConversionError(f"{f}:{e.lineno}: invalid JSON: {e.msg}") from None
     model_type = raw.get("model_type")
     if model_type not in FAMILIES:
-        raise ConversionError(f"{f}: model_type {model_type!r} is not supported; supported: {_supported()}")
+        raise ConversionError(f"{f}: model_type {model_type!r} is not supported; supported: {supported_model_types()}")
     return f, raw
 
 

@@ -10,8 +10,8 @@ page is one standalone HTML file (images inlined as PNG data, no network assets)
 to a JSONL file beside it (images left out).
 
 The OCR decoder is stage sft's dual-branch decoder when sft trained one, else the codebook stage's
-(`dlr_jax.stages.export.load_decoder`). A `--question` has no gold: its row shows no gold image or
-answer and no correctness.
+(`dlr_jax.stages.codebook_models.load_decoder`). A `--question` has no gold: its row shows no gold
+image or answer and no correctness.
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.data.records import Example
+from dlr_jax.workdir import final_dir
 
 GOLDLESS = "custom"
 
 
 def default_stage(workdir: str | Path) -> str:
     """The latest trained latent stage of a workdir: rl, else sft."""
-    from dlr_jax.stages import common
-
     for stage in ("rl", "sft", "align"):
-        if common.final_dir(workdir, stage).exists():
+        if final_dir(workdir, stage).exists():
             return stage
     raise FileNotFoundError(f"{workdir}: no finished latent stage (rl, sft or align)")
 
@@ -53,12 +52,13 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     latent_codes, decoded_cot, prediction, answer, correct (None without a gold), n_latents."""
     from dlr_jax import render
     from dlr_jax.data.render_pipeline import render_config
+    from dlr_jax.data.sources import load_examples
     from dlr_jax.evaluate import default_loader, evaluate_examples
-    from dlr_jax.stages import common
-    from dlr_jax.stages.export import load_decoder
+    from dlr_jax.handoff import load_stage_model
+    from dlr_jax.stages.codebook_models import load_decoder
 
     stage = stage or default_stage(workdir)
-    model, tok, cfg = common.load_stage_model(workdir, stage)
+    model, tok, cfg = load_stage_model(workdir, stage)
     if questions:
         # No gold: any number scores the generation, and the row drops the score below.
         examples = [Example(id=f"{GOLDLESS}/{i}", question=q, cot="", answer="0", source=GOLDLESS)
@@ -68,7 +68,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         if n < 1:
             raise ValueError(f"--n must be >= 1, got {n}")
         if benchmark == "synthetic" and cfg.data.dataset == "synthetic" and data_dir is None:
-            examples = common.load_examples(cfg, cfg.data.eval_split)
+            examples = load_examples(cfg, cfg.data.eval_split)
         else:
             examples = default_loader(data_dir)(benchmark, None)
         examples, scored_as = examples[:n], benchmark

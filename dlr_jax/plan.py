@@ -114,7 +114,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     notes = []
     seq = cfg.data.max_len
     if stage == "rl":
-        from dlr_jax.stages.rl import make_grpo_loss
+        from dlr_jax.stages.rl_loss import make_grpo_loss
 
         rl = cfg.rl
         loss = make_grpo_loss(temperature=rl.temperature, vocab_mask=vocab_mask, epsilon=rl.epsilon,
@@ -179,9 +179,9 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
 
 
 def rollout_program(cfg: Config, mesh: Mesh) -> Program:
-    """The sampler's decode loop (`sampling._decode`) over a full KV cache, with the prefill's cache as
+    """The sampler's decode loop (`sampling.decode_loop`) over a full KV cache, with the prefill's cache as
     input: one rollout batch of rl.num_prompts x rl.group_size rows."""
-    from dlr_jax.sampling import Sampler, _decode, _DecodeCfg
+    from dlr_jax.sampling import DecodeConfig, Sampler, decode_loop
 
     rules = cfg.mesh.rules
     model, lat = latent_lm_abstract(cfg)
@@ -193,21 +193,21 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
                        cfg.sampling.prompt_bucket)
     cache_len = prompt + rl.max_new_tokens
     sampler = Sampler((graphdef, s_abs), mesh=mesh, rules=rules, prompt_bucket=cfg.sampling.prompt_bucket)
-    _, decode = sampler._get_fns(b, cache_len, lat.total_vocab_size)
+    _, decode = sampler.compiled_fns(b, cache_len, lat.total_vocab_size)
     cache_abs = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(b, cache_len))
-    cache_sh = sampler._cache_shardings(b, cache_len)
+    cache_sh = sampler.cache_shardings(b, cache_len)
     cache = _abstract(cache_abs, cache_sh)
     f32, i32 = jnp.float32, jnp.int32
     bv = NamedSharding(mesh, logical_to_spec(("batch", "act_vocab"), (b, lat.total_vocab_size), mesh, rules))
     rep = NamedSharding(mesh, PartitionSpec())
-    dcfg = _DecodeCfg(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None, True)
+    dcfg = DecodeConfig(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None, True)
     args = (graphdef, dcfg, s_abs, cache, jax.ShapeDtypeStruct((b, lat.total_vocab_size), f32, sharding=bv),
             jax.ShapeDtypeStruct((b,), i32), jax.ShapeDtypeStruct((8,), i32, sharding=rep),
             jax.ShapeDtypeStruct((lat.total_vocab_size,), bool, sharding=rep), jax.ShapeDtypeStruct((), i32),
             jax.ShapeDtypeStruct((), f32), jax.ShapeDtypeStruct((), f32),
             jax.ShapeDtypeStruct((), _KEY_DTYPE()), None)
     trips = rl.max_new_tokens - 1
-    return Program("rollout", decode, _decode, args, b * rl.max_new_tokens, rl.num_prompts,
+    return Program("rollout", decode, decode_loop, args, b * rl.max_new_tokens, rl.num_prompts,
                    while_trips=lambda eqn: trips,
                    notes=(f"{b} rows, cache of {cache_len} ({prompt} prompt + {rl.max_new_tokens} new); "
                           f"FLOPs count {trips} decode steps",))

@@ -54,7 +54,7 @@ class SampleOutput:
     finished: np.ndarray
 
 
-class _DecodeCfg(NamedTuple):
+class DecodeConfig(NamedTuple):
     """Static (hashable) decode settings; a change compiles a new decode variant."""
 
     max_new_tokens: int
@@ -173,12 +173,14 @@ def _prefill(
     return logits[:, 0].astype(jnp.float32), cache
 
 
-def _decode(
-    graphdef: nnx.GraphDef, cfg: _DecodeCfg, state: nnx.State, cache: Any,
+def decode_loop(
+    graphdef: nnx.GraphDef, cfg: DecodeConfig, state: nnx.State, cache: Any,
     logits0: Float[Array, "b v"], prompt_lens: Int[Array, " b"], stop_ids: Int[Array, " s"],
     vocab_mask: Bool[Array, " v"] | None, pad_id: Int[Array, ""], temperature: Float[Array, ""],
     top_p: Float[Array, ""], rng: jax.Array, aux: Any,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, Any]:
+    """The decode `lax.while_loop` after the prefill: one token per step from `logits0` on, until every
+    row has stopped or `cfg.max_new_tokens`; (tokens, logprobs, lengths, finished, final cache)."""
     # The final cache is returned so the donated input buffer is reused in place by the loop
     # (without an aliasing output XLA copies the whole cache into the loop carry).
     model = nnx.merge(graphdef, state)
@@ -356,7 +358,8 @@ class Sampler:
     def _state_shardings(self):
         return jax.tree.map(lambda a: a.sharding, self.state)
 
-    def _cache_shardings(self, b: int, cache_len: int):
+    def cache_shardings(self, b: int, cache_len: int):
+        """Shardings of the KV cache for `b` rows of `cache_len` positions on this sampler's mesh."""
         abstract = self._abstract_prefill(b, cache_len)[1]
         if isinstance(abstract, KVCache):
             kv_axes = (None, "batch", "cache_length", "act_kv_heads", None)
@@ -376,24 +379,26 @@ class Sampler:
             return None
         return self._ns(("batch",) + (None,) * (len(shape) - 1), shape)
 
-    def _get_fns(self, b: int, cache_len: int, vocab: int):
+    def compiled_fns(self, b: int, cache_len: int, vocab: int):
+        """(prefill, decode): the jitted `_prefill` and `decode_loop` for this batch bucket and cache
+        length, built once and kept (the planner lowers the same decode)."""
         key = (self._batch_key(b), cache_len)
         if key in self._prefill_fns:
             return self._prefill_fns[key], self._decode_fns[key]
         if self.mesh is None:
             prefill = jax.jit(_prefill, static_argnums=(0, 1))
-            decode = jax.jit(_decode, static_argnums=(0, 1), donate_argnums=(3,))
+            decode = jax.jit(decode_loop, static_argnums=(0, 1), donate_argnums=(3,))
         else:
             rep = NamedSharding(self.mesh, PartitionSpec())
             st = self._state_shardings()
-            cache = self._cache_shardings(b, cache_len)
+            cache = self.cache_shardings(b, cache_len)
             bt = self._batch_sharding((b, 1))  # any [B, T] array
             bv = self._ns(("batch", "act_vocab"), (b, vocab))
             b1 = self._batch_sharding((b,))
             prefill = jax.jit(_prefill, static_argnums=(0, 1), in_shardings=(st, bt, bt, bt),
                               out_shardings=(bv, cache))
             # vocab_mask is None or a [V] bool; `rep` as a pytree prefix covers both.
-            decode = jax.jit(_decode, static_argnums=(0, 1), donate_argnums=(3,),
+            decode = jax.jit(decode_loop, static_argnums=(0, 1), donate_argnums=(3,),
                              in_shardings=(st, cache, bv, b1, rep, rep, rep, rep, rep, rep, rep),
                              out_shardings=(bt, bt, b1, b1, cache))
         self._prefill_fns[key], self._decode_fns[key] = prefill, decode
@@ -457,12 +462,12 @@ class Sampler:
         if rng is None or isinstance(rng, int | np.integer):
             rng = jax.random.key(0 if rng is None else int(rng))
         greedy = temperature == 0.0
-        cfg = _DecodeCfg(max_new_tokens, greedy, 0 if greedy else int(top_k),
+        cfg = DecodeConfig(max_new_tokens, greedy, 0 if greedy else int(top_k),
                          (not greedy) and top_p < 1.0, logits_processor, vocab_mask is not None)
 
         with self._ctx():
             vocab = self._vocab_size()
-            prefill, decode = self._get_fns(b, cache_len, vocab)
+            prefill, decode = self.compiled_fns(b, cache_len, vocab)
             bs = self._batch_sharding((b, p_len))
             rep = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
             logits0, cache = prefill(self.graphdef, (cache_len, self.cache_dtype), self.state,

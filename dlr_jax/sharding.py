@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -280,3 +281,20 @@ def max_bytes_on_one_device(tree: Any) -> int:
         for shard in getattr(leaf, "addressable_shards", []):
             worst = max(worst, shard.data.nbytes)
     return worst
+
+
+def maybe_initialize_distributed() -> None:
+    """Multi-process runs: `DLR_COORDINATOR`/`DLR_NUM_PROCESSES`/`DLR_PROCESS_ID` (see launch/)."""
+    coord = os.environ.get("DLR_COORDINATOR")
+    if not coord:
+        return
+    if jax.distributed.is_initialized():  # e.g. train and evaluate called in one process
+        return
+
+    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coord,
+        num_processes=int(os.environ["DLR_NUM_PROCESSES"]),
+        process_id=int(os.environ["DLR_PROCESS_ID"]),
+    )

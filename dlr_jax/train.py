@@ -74,27 +74,6 @@ def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", step
         raise SystemExit(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
 
-def maybe_initialize_distributed() -> None:
-    """Multi-process runs: `DLR_COORDINATOR`/`DLR_NUM_PROCESSES`/`DLR_PROCESS_ID` (see launch/)."""
-    import os
-
-    coord = os.environ.get("DLR_COORDINATOR")
-    if not coord:
-        return
-    import jax
-
-    if jax.distributed.is_initialized():  # e.g. train and evaluate called in one process
-        return
-
-    if os.environ.get("JAX_PLATFORMS", "") == "cpu":
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=coord,
-        num_processes=int(os.environ["DLR_NUM_PROCESSES"]),
-        process_id=int(os.environ["DLR_PROCESS_ID"]),
-    )
-
-
 def _process_index() -> int:
     import jax
 
@@ -139,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         sys.stdout.write(dump_config(cfg))
         return 0
+    from dlr_jax.sharding import maybe_initialize_distributed  # jax only now: --print-config needs none
+
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)

@@ -281,7 +281,7 @@ class Trainer:
         spec = logical_to_spec(("batch",), (batch_dim_size,), self.mesh, self.rules)
         return NamedSharding(self.mesh, PartitionSpec(None, spec[0], *([None] * (ndim - 2))))
 
-    def _device_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    def device_batch(self, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
         """Per-process [batch_size / processes, ...] host arrays -> global [accum, micro, ...] arrays
         sharded on the batch dim."""
         a, nproc = self.cfg.grad_accum, jax.process_count()
@@ -310,6 +310,15 @@ class Trainer:
             donate_argnums=(0, 2),
         )
 
+    def lower_step(self, batch: Mapping[str, np.ndarray]) -> jax.stages.Lowered:
+        """The jitted train step lowered for `batch`'s shapes and this state, without running it: for
+        XLA's cost analysis and compile timing (benchmarks, planning)."""
+        if self._step_fn is None:
+            self._step_fn = self._build_step()
+        with use_mesh(self.mesh):
+            return self._step_fn.lower(self.params, self.rest, self.opt_state, self.device_batch(batch), self.rng,
+                                       jnp.asarray(self.step, jnp.int32))
+
     def train_step(self, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """One optimizer step; returns its metrics as floats (waits for the device)."""
         return {k: float(v) for k, v in jax.device_get(self.train_step_async(batch)).items()}
@@ -320,7 +329,7 @@ class Trainer:
         if self._step_fn is None:
             self._step_fn = self._build_step()
         with use_mesh(self.mesh):
-            dev_batch = self._device_batch(batch)
+            dev_batch = self.device_batch(batch)
             rng = jax.random.fold_in(self.rng, self.step)
             self.params, self.opt_state, metrics = self._step_fn(
                 self.params, self.rest, self.opt_state, dev_batch, rng, jnp.asarray(self.step, jnp.int32)
@@ -394,7 +403,7 @@ class Trainer:
         history: list[dict[str, float]] = []
         # Rows past the restored step were logged by a run that died before its next checkpoint: this
         # run redoes those steps, so they go (metrics.jsonl keeps one row per step).
-        writer = _Writers(self.dir, enabled=jax.process_index() == 0, resume_step=self.step)
+        writer = MetricsWriter(self.dir, enabled=jax.process_index() == 0, resume_step=self.step)
         prof = _parse_profile(cfg.profile_steps)
         if prof and (msg := profile_window_problem(prof, self.step, total)):
             print(f"[{self.name}] warning: {msg}", flush=True)
@@ -520,7 +529,9 @@ def truncate_metrics(path: Path, after_step: int) -> int:
     return len(lines) - len(keep)
 
 
-class _Writers:
+class MetricsWriter:
+    """`<root>/metrics.jsonl` (one JSON row a step) and TensorBoard events, written by process 0 only."""
+
     def __init__(self, root: Path, enabled: bool, resume_step: int | None = None):
         """resume_step: the step this run starts from; later rows in metrics.jsonl are dropped."""
         self.enabled = enabled

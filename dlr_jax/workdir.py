@@ -1,4 +1,4 @@
-"""One writer per workdir, and a workdir that always says what ran in it.
+"""The workdir: its layout, one writer at a time, and a record that always says what ran in it.
 
 `open_run(cfg, workdir)` is what `python -m dlr_jax.train` does before any stage writes a file:
 
@@ -16,6 +16,11 @@
    ran under which values.
 
 Multi-process runs: only process 0 takes the lock (the others write through it).
+
+The layout (DESIGN.md "Workdir"), which every stage, evaluation and export agree on:
+
+    <workdir>/config.yaml  tokenizer/  latents/<split>.jsonl
+    <workdir>/<stage>/checkpoints/<step>/  final/  metrics.jsonl  events/  eval/
 """
 
 from __future__ import annotations
@@ -30,6 +35,38 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.config import Config, ConfigError, load_config, to_dict
+
+# ------------------------------------------------------------------------------------------------
+# The layout.
+
+STAGE_DIRS = {
+    "textsft_cot": "textsft_cot",
+    "textsft_direct": "textsft_direct",
+    "align": "align",
+    "sft": "sft",
+    "rl": "rl",
+}
+
+
+def stage_dir(workdir: str | Path, stage: str) -> Path:
+    return Path(workdir) / STAGE_DIRS.get(stage, stage)
+
+
+def final_dir(workdir: str | Path, stage: str) -> Path:
+    """Where a finished stage's model lives (`handoff.save_stage_model`)."""
+    return stage_dir(workdir, stage) / "final"
+
+
+def workdir_config(workdir: str | Path) -> Config:
+    """The config the workdir's runs recorded (config.yaml)."""
+    f = Path(workdir) / "config.yaml"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f}: not found — is {workdir} a dlr_jax workdir?")
+    return load_config(f)
+
+
+# ------------------------------------------------------------------------------------------------
+# One writer, and what it may change.
 
 LOCK_NAME = ".lock"
 CHANGES_NAME = "config_changes.jsonl"

@@ -228,7 +228,6 @@ def test_tiny_latent_lm_runs_constrained(tok):
 def test_cli_writes_results_and_multiarith_subset(tok, tmp_path, monkeypatch, capsys):
     from dlr_jax.data.paths import shared_data_dir
     from dlr_jax.data.readers import benchmark_file, load_benchmark
-    from dlr_jax.stages import common
 
     try:
         f = benchmark_file("multiarith")
@@ -243,7 +242,7 @@ def test_cli_writes_results_and_multiarith_subset(tok, tmp_path, monkeypatch, ca
         calls.append((str(workdir), stage))
         return model, tok, Config(eval=EvalConfig(benchmarks=("svamp",), batch_size=128))
 
-    monkeypatch.setattr(common, "load_stage_model", fake_load)
+    monkeypatch.setattr(ev, "load_stage_model", fake_load)
     results = ev.main(["--workdir", str(tmp_path), "--stage", "sft", "--benchmarks", "multiarith",
                        "--set", "eval.max_new_tokens=16", "--max-latents", "6", "--no-progress"])
     assert calls == [(str(tmp_path), "sft")]

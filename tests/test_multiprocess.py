@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 from dlr_jax.config import load_config
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import new_latent_lm
 
@@ -80,11 +82,11 @@ def prepared(tmp_path_factory):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", SETS)
     w = tmp_path_factory.mktemp("mp") / "prepared"
     common.prepare_workdir(cfg, w)
-    tok = common.get_tokenizer(cfg, w, common.load_examples(cfg, "train"))
+    tok = common.get_tokenizer(cfg, w, load_examples(cfg, "train"))
     backbone = common.new_backbone(cfg, tok, common.make_mesh_for(cfg))
-    common.save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
+    save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
     lm = new_latent_lm(cfg, w, tok, common.make_mesh_for(cfg))
-    common.save_stage_model(lm, w, "align", kind="latent_lm", model_cfg=lm.model_cfg)
+    save_stage_model(lm, w, "align", kind="latent_lm", model_cfg=lm.model_cfg)
     return w
 
 

@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from dlr_jax import preemption
+from dlr_jax.handoff import load_stage_model
 from dlr_jax.trainer import Trainer
 from tests.cli_micro import ROOT, child_env, micro_yaml, run_cli
 from tests.test_trainer import TCFG, dataset, lm_loss, new_model, params_of
@@ -75,9 +76,8 @@ def test_stop_requested_before_the_first_step_trains_nothing(tmp_path):
 
 def _final_params(workdir, stage):
     from dlr_jax.sharding import make_mesh
-    from dlr_jax.stages import common
 
-    model = common.load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))[0]
+    model = load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))[0]
     return {"/".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 

@@ -1,4 +1,4 @@
-"""r_proc through the real OCR decoder path: `stages.export.LatentDecoder` over a micro `CodebookModel`
+"""r_proc through the real OCR decoder path: `stages.codebook_models.LatentDecoder` over a micro `CodebookModel`
 (and `rl.load_latent_decoder` reading one from a workdir), with the scripted copy evaluator of
 tests/test_process_reward.py.
 
@@ -25,22 +25,18 @@ from flax import nnx
 from dlr_jax.checkpoint import save_params
 from dlr_jax.config import load_config
 from dlr_jax.data.formats import PROMPT_SEP, prompt_ids
-from dlr_jax.models.codebook_model import (
-    CodebookModel,
-    CodebookModelConfig,
-    build_codebook_model,
-    encode_target,
-    teacher_inputs,
-)
+from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig, build_codebook_model, teacher_inputs
 from dlr_jax.models.transformer import causal_mask, segment_positions
+from dlr_jax.ocr_text import encode_target
 from dlr_jax.process_reward import LatentDecoder as LatentDecoderProtocol
 from dlr_jax.process_reward import ProcessReward
 from dlr_jax.rewards import RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler
 from dlr_jax.sharding import make_mesh
-from dlr_jax.stages import common, rl
-from dlr_jax.stages.export import LatentDecoder
+from dlr_jax.stages import rl
+from dlr_jax.stages.codebook_models import LatentDecoder
 from dlr_jax.tokens import train_bpe
+from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets
 from tests.test_process_reward import QUESTION, CopyEvaluator, _boundary, _completions
 
@@ -220,7 +216,7 @@ def test_rl_loads_the_codebook_stage_decoder(model, tmp_path):
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     assert rl.load_latent_decoder(cfg, tmp_path, mesh) is None  # no codebook stage yet
     mcfg = CodebookModelConfig.from_config(cfg)
-    save_params(model, common.final_dir(tmp_path, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
+    save_params(model, final_dir(tmp_path, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
     dec = rl.load_latent_decoder(cfg, tmp_path, mesh)
     assert isinstance(dec, LatentDecoder) and isinstance(dec, LatentDecoderProtocol)
     assert dec.batch_size == cfg.codebook.eval_batch_size

@@ -287,7 +287,7 @@ def _decode_weight_gathers(layout: tuple[int, int, int]) -> tuple[int, np.ndarra
     for x in jax.tree.leaves(nnx.state(model, nnx.Param)):
         shapes |= {tuple(x.shape), tuple(x.shape[1:])}
     s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
-    texts, get_fns = [], s._get_fns
+    texts, get_fns = [], s.compiled_fns
 
     def recording(*a):
         prefill, decode = get_fns(*a)
@@ -298,7 +298,7 @@ def _decode_weight_gathers(layout: tuple[int, int, int]) -> tuple[int, np.ndarra
 
         return prefill, run
 
-    s._get_fns = recording
+    s.compiled_fns = recording
     out = s.generate(_prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]), max_new_tokens=N_NEW)
     (hlo,) = texts
     gathered = [tuple(int(d) for d in m.split(",") if d)

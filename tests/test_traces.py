@@ -83,7 +83,7 @@ def traced_sampler(monkeypatch):
     """A Sampler whose jitted prefill and decode bodies are trace-counted: decode once; prefill twice, as
     the sampler also evaluates it abstractly once (`jax.eval_shape`, no compile) to learn the vocab size."""
     monkeypatch.setattr(sampling, "_prefill", chex.assert_max_traces(sampling._prefill, n=2))
-    monkeypatch.setattr(sampling, "_decode", chex.assert_max_traces(sampling._decode, n=1))
+    monkeypatch.setattr(sampling, "decode_loop", chex.assert_max_traces(sampling.decode_loop, n=1))
     return sampling.Sampler(Transformer(CFG, rngs=nnx.Rngs(0)), prompt_bucket=16, max_total_len=32)
 
 
@@ -121,7 +121,7 @@ def test_codebook_step_traces_once(tmp_path):
     texts = [f"{i} + {i + 4} = {2 * i + 4}" for i in range(12)]
     plan = rp.BatchPlan(texts, batch_size=4, seed=0, config=rp.render_config(cfg.codebook), max_text_len=32)
     assert len(plan) == 3 and set(plan.sides.tolist()) == {64}
-    batches = [rp._render_train_batch(i, None, plan=plan, rows=slice(None)) for i in range(3)]
+    batches = [rp.render_train_batch(i, None, plan=plan, rows=slice(None)) for i in range(3)]
     assert not np.array_equal(batches[0]["images"], batches[1]["images"])
     for b in batches:  # the main phase (alpha = 0: no `alpha` field), three different batches
         assert np.isfinite(trainer.train_step(b)["loss"])

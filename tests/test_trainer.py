@@ -83,7 +83,7 @@ def test_gradient_accumulation_uses_a_global_token_denominator(tmp_path):
 
 def _step_while_loops(tmp_path, grad_accum):
     tr = Trainer(new_model(), lm_loss, dataclasses.replace(TCFG, grad_accum=grad_accum), tmp_path)
-    batch = tr._device_batch(next(iter(dataset())))
+    batch = tr.device_batch(next(iter(dataset())))
     args = (tr.params, tr.rest, tr.opt_state, batch, tr.rng, jnp.int32(0))
     return tr._build_step().lower(*args).as_text().count("stablehlo.while")
 

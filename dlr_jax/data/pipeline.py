@@ -16,7 +16,7 @@ A batch is a dict of numpy arrays, each [batch_size, max_len] int32:
 
 Stage sft's dual branch (`ocr_text_len > 0`, unpacked only) adds, per row (one example):
 
-    ocr_targets    [b, ocr_text_len] the CoT as OCR-decoder char ids (`codebook_model.encode_target`:
+    ocr_targets    [b, ocr_text_len] the CoT as OCR-decoder char ids (`ocr_text.encode_target`:
                    chars, <eos>, <pad>...; longer CoTs are cut)
     ocr_codes      [b, N] the example's latent code indices, left-padded with 0 to N = the most
                    codes any (length-filtered) example has, so every batch and process has one shape
@@ -57,6 +57,7 @@ from grain.experimental import FirstFitPackIterDataset
 
 from dlr_jax.data import formats
 from dlr_jax.data.records import Example
+from dlr_jax.ocr_text import encode_target
 from dlr_jax.tokens import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -173,8 +174,6 @@ def _tokenise(
 
 def ocr_fields(item: Item, *, text_len: int, num_codes: int) -> dict[str, np.ndarray]:
     """One row's `OCR_KEYS` (see the module docstring): targets, codes left-padded to num_codes, mask."""
-    from dlr_jax.models.codebook_model import encode_target  # the models package only when asked for
-
     n = len(item.codes)
     if n > num_codes:
         raise ValueError(f"example {item.example.id!r} has {n} latent codes, more than num_codes={num_codes}")
@@ -266,8 +265,6 @@ def make_stage_dataset(
             )
         # Over every kept example, before sharding: the same N on every process and every batch.
         ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]))
-        from dlr_jax.models.codebook_model import encode_target
-
         cut = sum(encode_target(it.example.cot, ocr_text_len)[1] for it in items)
         (log.warning if cut else log.info)(
             "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d characters; their OCR "

@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from dlr_jax.config import load_config
-    from dlr_jax.stages.codebook import corpus_texts
+    from dlr_jax.data.sources import corpus_texts
 
     cfg = load_config(args.config, args.overrides)
     texts = corpus_texts(cfg)

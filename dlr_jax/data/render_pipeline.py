@@ -21,7 +21,7 @@ global and identical on every process (same seed); process i takes rows [i*b, (i
 batch, so all processes agree on L at every step.
 
 A batch (numpy):  images  uint8 [b, L, L] (grey; the model repeats it to RGB on the device)
-                  targets int32 [b, T_L]  (`codebook_model.encode_target`: chars, <eos>, <pad>)
+                  targets int32 [b, T_L]  (`ocr_text.encode_target`: chars, <eos>, <pad>)
                   index   int32 [b]       (position of the example in the input list)
 T_L is the 99th percentile of bucket L's target lengths rounded up to 16 (at most max_text_len);
 longer targets are cut and counted (`PlanStats.text_cut`).
@@ -48,7 +48,7 @@ import numpy as np
 
 from dlr_jax import render
 from dlr_jax.data.pipeline import _mark_absl_flags_parsed, _read_options
-from dlr_jax.models.codebook_model import encode_target, normalize_text
+from dlr_jax.ocr_text import encode_target, normalize_text
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,10 @@ def render_images(
     return out
 
 
-def _render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> dict[str, np.ndarray]:
+def render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> dict[str, np.ndarray]:
+    """Batch `index` of the plan (index // len(plan) is the epoch, each with its own order), only
+    `rows` of it: what each grain worker calls, and what the benchmarks time. `_` is grain's
+    element, unused (the index says it all)."""
     side, idx = plan.batch(index)
     idx = idx[rows]
     t = plan.target_len[side]
@@ -245,7 +248,7 @@ def make_render_dataset(
     b = plan.batch_size // shard_count
     rows = slice(shard_index * b, (shard_index + 1) * b)
     ds = grain.MapDataset.range(len(plan)).repeat(num_epochs)
-    ds = ds.map_with_index(functools.partial(_render_train_batch, plan=plan, rows=rows))
+    ds = ds.map_with_index(functools.partial(render_train_batch, plan=plan, rows=rows))
     return _finish(ds, num_workers, num_threads)
 
 

@@ -20,7 +20,7 @@ branches share only forward values (tests/models/test_dual_branch.py checks it).
 
 Saved for decoding (`OCRBranch` with `code_rows`): the decoder half of a `CodebookModel` with the
 same parameter names: `vq/codebook` [K, d_model] holds the frozen rows E_lat(k) at the end of sft,
-then `prefix_proj` [d_model, d_dec] and `decoder/...`. `stages.export.LatentDecoder` decodes code
+then `prefix_proj` [d_model, d_dec] and `decoder/...`. `stages.codebook_models.LatentDecoder` decodes code
 ids with it unchanged (it reads `vq.codebook`, `project`, `decoder` and `cfg.max_text_len`).
 """
 

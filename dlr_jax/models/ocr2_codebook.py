@@ -65,7 +65,7 @@ class Ocr2CodebookConfig:
         return int(eos[0] if isinstance(eos, tuple | list) else eos or 0)
 
     def to_dict(self) -> dict[str, Any]:
-        from dlr_jax.ocr2_convert import hf_config_dict
+        from dlr_jax.models.ocr2 import hf_config_dict
 
         return {"kind": "ocr2", "ocr2": hf_config_dict(self.ocr2, self.ocr2.text.base.param_dtype),
                 "num_codes": self.num_codes, "sigma": self.sigma, "max_text_len": self.max_text_len,
@@ -74,7 +74,7 @@ class Ocr2CodebookConfig:
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> Ocr2CodebookConfig:
-        from dlr_jax.ocr2_convert import ocr2_config_from_hf
+        from dlr_jax.models.ocr2 import ocr2_config_from_hf
 
         ocr2 = ocr2_config_from_hf(d["ocr2"], dtype=d["ocr2"].get("dtype") or "float32",
                                    compute_dtype=d.get("compute_dtype"), remat=d.get("remat", "none"))

@@ -41,50 +41,32 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, restore_params, save_params
+from dlr_jax.checkpoint import save_params
 from dlr_jax.config import Config, to_dict
 from dlr_jax.data import render_pipeline as rp
+from dlr_jax.data.sources import corpus_texts
 from dlr_jax.models.codebook_model import (
-    VOCAB,
     CodebookModel,
     CodebookModelConfig,
     char_dropout,
     encode_images,
     init_rngs,
-    normalize_text,
     teacher_inputs,
 )
 from dlr_jax.models.vq import code_usage, kmeans_init, refresh_dead_codes, vq_objective
+from dlr_jax.ocr_text import VOCAB, normalize_text
 from dlr_jax.sharding import create_sharded, put_global
 from dlr_jax.stages import common
-from dlr_jax.stages.export import LatentDecoder, encode_ids, load_decoder
+from dlr_jax.stages.codebook_models import LatentDecoder, encode_ids
 from dlr_jax.trainer import Trainer
+from dlr_jax.workdir import final_dir, stage_dir
 
 STAGE = "codebook"
 
 
 # ----------------------------------------------------------------------------------------------
 # Data.
-
-
-def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
-    """Training (or held-out) CoTs: `codebook.corpus` / `eval_corpus` entries "name:split", or the
-    data section's dataset. Empty CoTs are left out (nothing to read back)."""
-    from dlr_jax.data.readers import load_benchmark
-
-    entries = cfg.codebook.eval_corpus if held_out else cfg.codebook.corpus
-    if entries:
-        examples = []
-        for e in entries:
-            name, sep, split = e.partition(":")
-            if not sep or not name or not split:
-                raise ValueError(f"codebook corpus entry {e!r} must look like name:split (e.g. gsm8k:train)")
-            examples += load_benchmark(name, split=split)
-    else:
-        examples = common.load_examples(cfg, cfg.data.eval_split if held_out else cfg.data.train_split)
-    return [ex.cot for ex in examples if ex.cot.strip()]
 
 
 def open_render_cache(cfg: Config, texts: Sequence[str]) -> Any:
@@ -205,7 +187,7 @@ def _features(model: CodebookModel, plan: rp.BatchPlan, start: int, num_batches:
     """[M, d_c] encoder features of plan batches start .. start + num_batches - 1."""
     feats = []
     for i in range(start, start + num_batches):
-        batch = rp._render_train_batch(i, None, plan=plan, rows=slice(None))
+        batch = rp.render_train_batch(i, None, plan=plan, rows=slice(None))
         feats.append(encode_images(model, batch["images"]).reshape(-1, model.cfg.code_dim))
     return np.concatenate(feats)
 
@@ -322,32 +304,6 @@ def model_config(cfg: Config) -> CodebookModelConfig:
     return CodebookModelConfig.from_config(cfg)
 
 
-def load_codebook_model(workdir: str | Path, mesh: Mesh | None = None) -> CodebookModel:
-    """The finished stage's model from <workdir>/codebook/final (an `Ocr2CodebookModel` when the
-    stage started from a DeepSeek-OCR-2 checkpoint)."""
-    d = common.final_dir(workdir, STAGE)
-    meta = read_meta(d)["model"]
-    if meta.get("kind") == "ocr2":
-        from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig, Ocr2CodebookModel
-
-        ocfg = Ocr2CodebookConfig.from_dict(meta)
-        return restore_params(lambda: Ocr2CodebookModel(ocfg, rngs=nnx.Rngs(0)), d, mesh)
-    mcfg = CodebookModelConfig.from_dict(meta)
-    return restore_params(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(0)), d, mesh)
-
-
-def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = None) -> LatentDecoder | None:
-    """The frozen OCR decoder as a `process_reward.LatentDecoder`, or None before this stage ran."""
-    if not (common.final_dir(workdir, STAGE) / "meta.json").is_file():
-        return None
-    if read_meta(common.final_dir(workdir, STAGE))["model"].get("kind") == "ocr2":
-        # LatentDecoder greedy-decodes the character decoder; an OCR-2 decoder has no cached decoding yet
-        print(f"[codebook] {common.final_dir(workdir, STAGE)} is a DeepSeek-OCR-2 codebook: no latent decoder for "
-              "the process reward yet", flush=True)
-        return None
-    return load_decoder(workdir, mesh=mesh, batch_size=cfg.codebook.eval_batch_size)
-
-
 def _render_rate(plan: rp.BatchPlan, n: int = 256) -> float:
     from dlr_jax.render import render_cot_ex
 
@@ -365,7 +321,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     cb, seed = cfg.codebook, cfg.run.seed
     texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)  # inputs validate before any write
     common.prepare_workdir(cfg, workdir)
-    out = common.stage_dir(workdir, STAGE)
+    out = stage_dir(workdir, STAGE)
     mesh = common.make_mesh_for(cfg)
     tok = None
     if cb.init_from:  # pretrained DeepSeek-OCR-2 (stages/codebook_ocr2.py)
@@ -472,7 +428,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     report["train_sample"] = {"examples": len(sample), "perplexity": float(ppl), "used_codes": int(used),
                               "encoder_vq_images_per_s": enc_rate}
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    save_params(model, common.final_dir(workdir, STAGE),
+    save_params(model, final_dir(workdir, STAGE),
                 {"stage": STAGE, "kind": "codebook", "model": mcfg.to_dict(), "codebook": to_dict(cb),
                  "steps": result.step})
     _print_summary(report)

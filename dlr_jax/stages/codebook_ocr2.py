@@ -3,7 +3,7 @@
 The paper fine-tunes DeepSeek-OCR-2 with a VQ inserted after the causal flow (d_c = 896); this
 module supplies what differs from the from-scratch stage (stages/codebook.py), which calls it:
   - the model: encoder, projector and MoE decoder imported from the checkpoint
-    (`ocr2_convert.load_ocr2`), a fresh VQ of K = latent.num_latents codes at `codebook.quantize_at`
+    (`convert.ocr2.load_ocr2`), a fresh VQ of K = latent.num_latents codes at `codebook.quantize_at`
     (flow: d_c; projector: the decoder width, as the authors' released code);
   - text: the checkpoint's tokenizer (tokenizer.json) instead of characters; each batch's `targets`
     are replaced by the CoT's token ids + <eos>, padded with PAD to codebook.max_text_len tokens
@@ -26,9 +26,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ConfigError
-from dlr_jax.models.codebook_model import normalize_text
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig, Ocr2CodebookModel
 from dlr_jax.models.vq import VectorQuantizer, code_usage, vq_objective
+from dlr_jax.ocr_text import normalize_text
 from dlr_jax.sharding import create_sharded
 
 
@@ -48,7 +48,7 @@ def tokenize(tok: Any, text: str) -> list[int]:
 
 def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
     """(model, tokenizer): the pretrained OCR2 from codebook.init_from with a fresh VQ."""
-    from dlr_jax.ocr2_convert import load_ocr2
+    from dlr_jax.convert.ocr2 import load_ocr2
 
     cb = cfg.codebook
     ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype,
@@ -155,7 +155,7 @@ def held_out_report(model: Ocr2CodebookModel, texts: list[str], cb: Any, tok: An
     """Held-out teacher-forced token CE / accuracy from each example's own code ids vs ids shuffled
     across examples of the same N (a decoder that ignores the codes scores the same on both), and
     code usage. (Greedy OCR with the MoE decoder needs a KV-cached decoder: not written yet.)"""
-    from dlr_jax.stages.export import encode_ids
+    from dlr_jax.stages.codebook_models import encode_ids
 
     ids, _, rate = encode_ids(model, texts, cb)
     targets = token_targets(tok, texts, cb.max_text_len, model.cfg.eos_id)

@@ -20,10 +20,12 @@ from typing import Any
 from flax import nnx
 
 from dlr_jax.config import load_config
+from dlr_jax.data.sources import corpus_texts
 from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.sharding import create_sharded
 from dlr_jax.stages import codebook, common
 from dlr_jax.trainer import Trainer
+from dlr_jax.workdir import stage_dir
 
 
 def checkpoint_report(workdir: str | Path, *, step: int | None = None, examples: int | None = None
@@ -39,14 +41,14 @@ def checkpoint_report(workdir: str | Path, *, step: int | None = None, examples:
     mcfg = codebook.model_config(cfg)
     model = create_sharded(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(0)), mesh, cfg.mesh.rules)
     loss = functools.partial(codebook.codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
-    trainer = Trainer(model, loss, cb.train, common.stage_dir(w, codebook.STAGE), mesh=mesh, rules=cfg.mesh.rules,
+    trainer = Trainer(model, loss, cb.train, stage_dir(w, codebook.STAGE), mesh=mesh, rules=cfg.mesh.rules,
                       name="codebook-report")
     have = sorted(trainer.ckpt.all_steps())
     if not have or (step is not None and step not in have):
         raise FileNotFoundError(f"{trainer.dir / 'checkpoints'}: no main-phase checkpoint"
                                 + ("" if step is None else f" at step {step}") + f" (steps there: {have})")
     trainer.restore(None, step=step)
-    held = codebook.corpus_texts(cfg, held_out=True)
+    held = corpus_texts(cfg, held_out=True)
     held = held[: examples or cb.eval_examples or len(held)]
     if not held:
         raise ValueError("no held-out CoTs (codebook.eval_corpus / data.eval_split)")
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--examples", type=int, default=None, help="held-out CoTs (default: codebook.eval_examples)")
     args = ap.parse_args(argv)
     r = checkpoint_report(args.workdir, step=args.step, examples=args.examples)
-    out = common.stage_dir(args.workdir, codebook.STAGE) / f"report_step{r['step']}.json"
+    out = stage_dir(args.workdir, codebook.STAGE) / f"report_step{r['step']}.json"
     out.write_text(json.dumps(r, indent=2))
     print(f"[codebook] step {r['step']}: held-out CER true={r['cer_true']:.3f} shuffled={r['cer_shuffled']:.3f} "
           f"(ratio {r['cer_true'] / max(r['cer_shuffled'], 1e-9):.2f}) continuous={r['cer_continuous']:.3f}; "

@@ -1,8 +1,7 @@
-"""What every stage shares: the workdir layout, the tokenizer, data, the LM loss, model hand-off.
+"""What every stage shares: the workdir it writes, the tokenizer, its examples, the backbone, the LM loss.
 
-Workdir (DESIGN.md):
-    <workdir>/config.yaml  tokenizer/  latents/<split>.jsonl
-    <workdir>/<stage>/checkpoints/<step>/  final/  metrics.jsonl  events/  eval/
+The layout of the workdir is `dlr_jax.workdir`'s; a finished stage hands its model on through
+`dlr_jax.handoff` (save_stage_model / load_stage_model), which evaluation and export read too.
 """
 
 from __future__ import annotations
@@ -17,28 +16,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, restore_params, save_params
-from dlr_jax.config import Config, ModelConfig, from_dict, load_config, save_config, to_dict
+from dlr_jax.config import Config, ModelConfig, save_config
 from dlr_jax.data.records import Example
+from dlr_jax.data.sources import load_examples
 from dlr_jax.hf_config import model_config_from_hf
 from dlr_jax.sharding import create_sharded, mesh_from_config
 from dlr_jax.tokens import Tokenizer, train_bpe
-
-STAGE_DIRS = {
-    "textsft_cot": "textsft_cot",
-    "textsft_direct": "textsft_direct",
-    "align": "align",
-    "sft": "sft",
-    "rl": "rl",
-}
-
-
-def stage_dir(workdir: str | Path, stage: str) -> Path:
-    return Path(workdir) / STAGE_DIRS.get(stage, stage)
-
-
-def final_dir(workdir: str | Path, stage: str) -> Path:
-    return stage_dir(workdir, stage) / "final"
+from dlr_jax.workdir import stage_dir
 
 
 def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
@@ -50,37 +34,12 @@ def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
     return w
 
 
-def workdir_config(workdir: str | Path) -> Config:
-    f = Path(workdir) / "config.yaml"
-    if not f.is_file():
-        raise FileNotFoundError(f"{f}: not found — is {workdir} a dlr_jax workdir?")
-    return load_config(f)
-
-
 def make_mesh_for(cfg: Config) -> Mesh:
     return mesh_from_config(cfg.mesh)
 
 
 # ------------------------------------------------------------------------------------------------
 # Data and tokenizer.
-
-
-def load_examples(cfg: Config, split: str) -> list[Example]:
-    from dlr_jax.data.readers import load_benchmark
-
-    d = cfg.data
-    if d.dataset == "synthetic":
-        from dlr_jax.data.synthetic import SyntheticConfig
-
-        sizes = {"train": d.synthetic_train, "valid": min(200, d.synthetic_eval), "test": d.synthetic_eval}
-        return load_benchmark(
-            "synthetic",
-            split=split,
-            sizes=sizes,
-            seed=cfg.run.seed,
-            config=SyntheticConfig(max_steps=d.synthetic_max_steps),
-        )
-    return load_benchmark(d.dataset, path=d.path, split=split)
 
 
 def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example] | None = None) -> Tokenizer:
@@ -215,43 +174,6 @@ def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
         return model
     mcfg = backbone_config(cfg, tok)
     return create_sharded(lambda: Transformer(mcfg, rngs=nnx.Rngs(params=cfg.run.seed)), mesh, cfg.mesh.rules)
-
-
-def save_stage_model(
-    model: nnx.Module,
-    workdir: str | Path,
-    stage: str,
-    *,
-    kind: str,
-    model_cfg: ModelConfig,
-    extra: dict[str, Any] | None = None,
-) -> Path:
-    meta = {"stage": stage, "kind": kind, "model": to_dict(model_cfg), **(extra or {})}
-    return save_params(model, final_dir(workdir, stage), meta)
-
-
-def _model_factory(meta: dict[str, Any], tok: Tokenizer, cfg: Config):
-    from dlr_jax.models.transformer import Transformer
-
-    mcfg = from_dict(ModelConfig, meta["model"])
-    if meta["kind"] == "backbone":
-        return lambda: Transformer(mcfg, rngs=nnx.Rngs(0))
-    if meta["kind"] == "latent_lm":
-        from dlr_jax.stages.latent_common import latent_lm_factory
-
-        return latent_lm_factory(mcfg, tok, cfg)
-    raise ValueError(f"unknown model kind {meta['kind']!r} in {meta}")
-
-
-def load_stage_model(workdir: str | Path, stage: str, *, mesh: Mesh | None = None):
-    """`(model, tokenizer, config)` of a finished stage, restored onto `mesh`."""
-    cfg = workdir_config(workdir)
-    tok = Tokenizer.load(Path(workdir) / "tokenizer")
-    d = final_dir(workdir, stage)
-    meta = read_meta(d)
-    mesh = mesh or make_mesh_for(cfg)
-    model = restore_params(_model_factory(meta, tok, cfg), d, mesh, cfg.mesh.rules)
-    return model, tok, cfg
 
 
 # ------------------------------------------------------------------------------------------------

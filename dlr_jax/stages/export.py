@@ -1,4 +1,4 @@
-"""Stage export (DESIGN §1.2): every example's latent ids z_1..z_N, and decoding ids back to text.
+"""Stage export (DESIGN §1.2): every example's latent ids z_1..z_N.
 
 `run` renders each split's CoTs deterministically (the mean font size, so an example always gets
 the same canvas), encodes them with the codebook stage's encoder and writes the plain nearest code
@@ -6,142 +6,35 @@ ids (no noise) to <workdir>/latents/<split>.jsonl (`dlr_jax.data.latents.write_l
 latents, n, and the source record). Splits: data.train_split, data.eval_split and
 codebook.export_splits. <workdir>/export/final/meta.json records counts and code usage per split.
 
-`LatentDecoder(model).decode(codes)` turns code sequences back into text with the OCR decoder:
-codebook rows -> prefix projection -> jitted greedy decoding (`codebook_model.greedy_decode`).
-Sequences of any length share batches (prefixes left-padded and masked); batch rows, prefix
-lengths and length caps are rounded up to a few buckets, so RL's varying latent counts compile a
-handful of programs, not one per length.
-It implements `dlr_jax.process_reward.LatentDecoder` (the RL process reward) and serves
-interpretability (latent trajectory -> text).
+Decoding ids back to text (`LatentDecoder`, `load_decoder`) lives in `stages/codebook_models.py`,
+beside the codebook model's loaders that this stage, the codebook stage, sft and rl share.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jax.sharding import Mesh
 
 from dlr_jax.config import Config
-from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.latents import latents_path, write_latents
-from dlr_jax.models.codebook_model import VOCAB, CodebookModel, greedy_decode, jit_encode
+from dlr_jax.data.sources import load_examples
+from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.models.vq import code_usage
 from dlr_jax.stages import common
+from dlr_jax.stages.codebook_models import encode_ids, load_codebook_model
+from dlr_jax.workdir import final_dir
 
 STAGE = "export"
 
 
-class LatentDecoder:
-    """`decode(codes: list[list[int]]) -> list[str]`: greedy OCR reconstruction of code sequences.
-
-    model: a `CodebookModel` (its codebook and decoder are used). batch_size: rows per decode call.
-    max_len: default length cap in characters incl. <eos> (default: the model's max_text_len).
-    An empty code list decodes to "".
-    """
-
-    def __init__(self, model: CodebookModel, *, batch_size: int = 64, max_len: int | None = None):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.model, self.batch_size = model, batch_size
-        self.max_len = int(max_len or model.cfg.max_text_len)
-        self._split = nnx.split(model)
-        self._codebook = np.asarray(model.vq.codebook[...])
-
-    @property
-    def num_codes(self) -> int:
-        return self._codebook.shape[0]
-
-    def decode(self, codes: Sequence[Sequence[int]], limits: Sequence[int] | None = None) -> list[str]:
-        """One string per code sequence; `limits[i]` caps sequence i's length (chars incl. <eos>)."""
-        feats = []
-        for i, z in enumerate(codes):
-            z = np.asarray(z, np.int64).reshape(-1)
-            if z.size and (z.min() < 0 or z.max() >= self.num_codes):
-                bad = z[(z < 0) | (z >= self.num_codes)][:5].tolist()
-                raise ValueError(f"decode: sequence {i} has codes {bad} outside [0, {self.num_codes})")
-            feats.append(self._codebook[z])
-        return self.decode_features(feats, limits)
-
-    def decode_features(self, feats: Sequence[np.ndarray], limits: Sequence[int] | None = None) -> list[str]:
-        """Like `decode`, from prefix features [n_i, d_c] (codebook rows or continuous H)."""
-        limits = [self.max_len] * len(feats) if limits is None else [int(x) for x in limits]
-        if len(limits) != len(feats):
-            raise ValueError(f"decode: {len(limits)} limits for {len(feats)} sequences")
-        out = [""] * len(feats)
-        # Rows of any prefix length share a call: sorted by length, left-padded to a power of two
-        # (>= 4); rows padded to a power of two (<= batch_size); caps rounded up to 32 chars.
-        order = sorted((i for i, f in enumerate(feats) if len(f)), key=lambda i: len(feats[i]))
-        d = self._codebook.shape[1]
-        for s in range(0, len(order), self.batch_size):
-            rows = order[s : s + self.batch_size]
-            b = min(self.batch_size, _pow2(len(rows)))
-            p = max(4, _pow2(max(len(feats[i]) for i in rows)))
-            x = np.zeros((b, p, d), np.float32)
-            n = np.ones(b, np.int32)
-            lim = np.zeros(b, np.int32)
-            for r, i in enumerate(rows):
-                f = np.asarray(feats[i], np.float32).reshape(-1, d)
-                x[r, p - len(f):], n[r], lim[r] = f, len(f), limits[i]
-            cap = int(min(2 * self.max_len, -(-max(int(lim.max()), 1) // 32) * 32))
-            tokens = greedy_decode(self._split, jnp.asarray(x), lim, cap, n_valid=n)
-            for r, i in enumerate(rows):
-                out[i] = VOCAB.decode(tokens[r])
-        return out
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
-
-
-def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_workers: int = 0
-               ) -> tuple[list[list[int]], list[np.ndarray], float | None]:
-    """Deterministic (mean font) rendering -> nearest code ids per text, features per text, and the
-    encoder + VQ rate in images/s (render time and each side's first, compiling batch excluded; None
-    when every side had one batch). Short batches are padded to full size so each side compiles once."""
-    rcfg = rp.render_config(cb)
-    batches, fonts = rp.fixed_batches(texts, cb.eval_batch_size, rcfg)
-    ids: list[list[int]] = [[] for _ in texts]
-    feats: list[np.ndarray] = [np.zeros(0)] * len(texts)
-    graphdef, state = nnx.split(model)
-    busy, seen, sides = 0.0, 0, set()
-    for batch in rp.make_fixed_dataset(texts, batches, fonts, rcfg, num_workers=num_workers):
-        imgs, idx = batch["images"], batch["index"]
-        n = len(idx)
-        if n < cb.eval_batch_size:
-            imgs = np.concatenate([imgs, np.repeat(imgs[:1], cb.eval_batch_size - n, 0)])
-        t0 = time.perf_counter()
-        h, z = jax.device_get(jit_encode(graphdef, state, jnp.asarray(imgs)))
-        if imgs.shape[1] in sides:  # a side's first batch compiles: not part of the rate
-            busy, seen = busy + time.perf_counter() - t0, seen + n
-        sides.add(imgs.shape[1])
-        h, z = h[:n], z[:n]
-        for r, i in enumerate(idx):
-            ids[i], feats[i] = z[r].tolist(), h[r]
-    return ids, feats, (seen / busy if busy > 0 else None)
-
-
-def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: int = 64) -> LatentDecoder:
-    """The OCR decoder: stage sft's dual-branch decoder (<workdir>/sft/decoder, trained on the sft
-    model's latent rows, which it carries) when sft wrote one, else the codebook stage's
-    (<workdir>/codebook/final)."""
-    from dlr_jax.stages.codebook import load_codebook_model
-    from dlr_jax.stages.sft import load_ocr_decoder
-
-    model = load_ocr_decoder(workdir, mesh)
-    return LatentDecoder(model if model is not None else load_codebook_model(workdir, mesh), batch_size=batch_size)
-
-
 def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: str) -> dict[str, Any]:
-    examples = common.load_examples(cfg, split)
+    examples = load_examples(cfg, split)
     ids, _, rate = encode_ids(model, [ex.cot for ex in examples], cfg.codebook, num_workers=cfg.data.num_workers)
     table = {ex.id: z for ex, z in zip(examples, ids, strict=True)}
     path = latents_path(workdir, split)
@@ -159,19 +52,17 @@ def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: 
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> dict[str, Any]:
     """Writes latents/<split>.jsonl for every split the later stages read. `num_steps` is unused
     (the CLI passes it to every stage)."""
-    from dlr_jax.stages.codebook import load_codebook_model
-
     del num_steps
-    if not (common.final_dir(workdir, "codebook") / "meta.json").is_file():
+    if not (final_dir(workdir, "codebook") / "meta.json").is_file():
         raise FileNotFoundError(
-            f"{common.final_dir(workdir, 'codebook')}: no trained codebook; run "
+            f"{final_dir(workdir, 'codebook')}: no trained codebook; run "
             f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first"
         )
     common.prepare_workdir(cfg, workdir)
     model = load_codebook_model(workdir, common.make_mesh_for(cfg))
     splits = list(dict.fromkeys([cfg.data.train_split, cfg.data.eval_split, *cfg.codebook.export_splits]))
     info = {s: export_split(model, cfg, workdir, s) for s in splits}
-    d = common.final_dir(workdir, STAGE)
+    d = final_dir(workdir, STAGE)
     d.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         (d / "meta.json").write_text(json.dumps({"stage": STAGE, "kind": "latents", "splits": info}, indent=2))

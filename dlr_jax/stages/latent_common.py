@@ -14,19 +14,11 @@ from dlr_jax.checkpoint import read_meta, restore_params
 from dlr_jax.config import Config, ModelConfig, from_dict
 from dlr_jax.data.latents import latents_path, random_latents, read_latents
 from dlr_jax.data.records import Example
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import latent_lm_factory, save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.tokens import Tokenizer
-
-
-def latent_rows_config(cfg: Config, tok: Tokenizer):
-    from dlr_jax.models.latent_lm import LatentConfig as LatentRows
-
-    return LatentRows.from_tokenizer(
-        tok,
-        cfg.latent.latent_dim,
-        tie_projectors=cfg.latent.tie_projectors,
-        codebook_trainable=cfg.latent.train_codebook_in_sft,
-    )
+from dlr_jax.workdir import final_dir, stage_dir
 
 
 def latents_for(cfg: Config, workdir: str | Path, split: str, examples: list[Example]) -> dict[str, Any]:
@@ -57,13 +49,6 @@ def stage_codebook(workdir: str | Path) -> np.ndarray | None:
     return np.load(f) if f.is_file() else None
 
 
-def latent_lm_factory(model_cfg: ModelConfig, tok: Tokenizer, cfg: Config):
-    from dlr_jax.models.latent_lm import build_latent_lm
-
-    rows = latent_rows_config(cfg, tok)
-    return lambda: build_latent_lm(model_cfg, rows)
-
-
 def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
     """The backbone the latent stages start from: the HF checkpoint when `init_from` is set, else
     (tiny from-scratch configs) the CoT-SFT model of the textsft stage."""
@@ -71,7 +56,7 @@ def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, 
 
     if cfg.init_from:
         return common.new_backbone(cfg, tok, mesh)
-    d = common.final_dir(workdir, "textsft_cot")
+    d = final_dir(workdir, "textsft_cot")
     if not d.exists():
         raise FileNotFoundError(
             f"{d}: no CoT-SFT backbone. For from-scratch configs run "
@@ -102,7 +87,7 @@ def new_latent_lm(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
 
 
 def load_latent_stage(cfg: Config, workdir: str | Path, stage: str, tok: Tokenizer, mesh: Mesh):
-    d = common.final_dir(workdir, stage)
+    d = final_dir(workdir, stage)
     if not d.exists():
         raise FileNotFoundError(f"{d}: stage {stage!r} has not finished in {workdir}")
     mcfg = from_dict(ModelConfig, read_meta(d)["model"])
@@ -132,7 +117,7 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     from dlr_jax.models.latent_lm import filter_for_stage
     from dlr_jax.trainer import Trainer
 
-    train = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
+    train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
     tok = common.get_tokenizer(cfg, workdir, train)
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
@@ -151,11 +136,11 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
         model, loss, trainable = branch.wrap(model, trainable, mesh, cfg.mesh.rules)
     # The OCR branch has its own gradient-norm budget: its gradients must not scale down the LM's steps.
     clip_group = (lambda path: "ocr" if "ocr" in path else "lm") if branch is not None else None
-    trainer = Trainer(model, loss, tcfg, common.stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules,
+    trainer = Trainer(model, loss, tcfg, stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules,
                       trainable=trainable, name=stage, clip_group=clip_group)
     result = trainer.fit(iter(data), num_steps)
     if not result.preempted:
         if branch is not None:
             result = dataclasses.replace(result, model=branch.finish(result.model, result.step))
-        common.save_stage_model(result.model, workdir, stage, kind="latent_lm", model_cfg=result.model.model_cfg)
+        save_stage_model(result.model, workdir, stage, kind="latent_lm", model_cfg=result.model.model_cfg)
     return result

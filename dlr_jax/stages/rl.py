@@ -1,7 +1,7 @@
 """Stage 3 — latent GRPO (DESIGN.md §1): the SFT model samples latent reasoning + answers and is
 pushed toward rewarded ones. Defaults (`RLConfig`) are the paper's settings.
 
-One RL step:
+One RL step (`GRPOStep`: a method a phase, so each can be found and timed on its own):
 
 1. **Rollouts.** P prompts from a seeded, checkpointed stream, each repeated G times (groups are
    adjacent), sampled at temperature T with the KV-cache `Sampler` on the *sampling* mesh
@@ -13,7 +13,7 @@ One RL step:
    reported (`logprob_gap/*`). The reference policy is the frozen SFT model (skipped when beta = 0).
 3. **Rewards.** `R_ans + 0.25 r_proc + 0.1 R_fmt` (weights `rl.*_weight`) from the reward registry;
    r_proc (`dlr_jax.process_reward`) needs the codebook stage's OCR decoder and is skipped, with a
-   note, when its weight is 0 or no decoder exists. Group-normalised advantages.
+   note, when its weight is 0 or no decoder exists. Then group-normalised advantages.
 4. **Updates.** mu = `rl.inner_epochs` shuffled passes over the rollouts in minibatches of
    `train.rl.batch_size`, each one `Trainer.train_step` with the clipped-ratio + k3-KL loss. The
    codebook is frozen (`filter_for_stage("rl")`); the OCR decoder and evaluator are separate models.
@@ -37,22 +37,26 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from dlr_jax import grpo, preemption
 from dlr_jax.config import Config
 from dlr_jax.data.formats import parse_generation, prompt_ids
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import save_stage_model
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler, left_pad
 from dlr_jax.sharding import state_shardings
 from dlr_jax.stages import common
+from dlr_jax.stages.codebook_models import load_latent_decoder
 from dlr_jax.stages.latent_common import load_latent_stage
 from dlr_jax.stages.rl_eval import held_out_evaluator
-from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, load_latent_decoder, sample_mesh_for
-from dlr_jax.trainer import Trainer, TrainingDiverged, _Writers
+from dlr_jax.stages.rl_loss import make_grpo_loss
+from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, sample_mesh_for
+from dlr_jax.trainer import MetricsWriter, Trainer, TrainingDiverged
+from dlr_jax.workdir import stage_dir
 
 METRICS = (
     "step", "updates", "reward", "reward_std", "reward/answer", "reward/format", "accuracy", "n_latents",
@@ -70,72 +74,6 @@ class RLResult:
     preempted: bool
     history: list[dict[str, float]]  # one row per RL step
     evals: list[dict[str, float]] = dataclasses.field(default_factory=list)  # rl.eval_* rows (rl_eval.py)
-
-
-# ----------------------------------------------------------------------------------------------
-# The loss.
-
-
-def policy_logprobs(
-    model: Any, tokens: jax.Array, attention_mask: jax.Array, *, temperature: float, vocab_mask: Any = None,
-    chunk: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Teacher-forced `log_softmax(masked_logits / T)[token]` and the entropy of that distribution,
-    both [b, t] aligned with `tokens` (0 where t or t-1 is padding) — the numbers `Sampler.score`
-    and the sampler report, so ratios start at 1."""
-    from dlr_jax.models.vocab_chunks import next_token_stats
-
-    mask = attention_mask.astype(jnp.int32)
-    # Over sequence chunks (models/vocab_chunks.py): no [b, s, vocab] fp32 logits; the entropy is
-    # only reported (no gradient).
-    stats = next_token_stats(model, tokens, {"attention_mask": mask}, vocab_mask=vocab_mask, temperature=temperature,
-                             entropy=True, chunk=chunk)
-    lp, ent = stats.logp, stats.entropy
-    ok = (mask[:, 1:] > 0) & (mask[:, :-1] > 0)
-    pad = lambda x: jnp.concatenate([jnp.zeros_like(x[:, :1]), jnp.where(ok, x, 0.0)], axis=1)
-    return pad(lp), pad(ent)
-
-
-def make_grpo_loss(
-    *,
-    temperature: float,
-    vocab_mask: Any = None,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    beta: float = 1e-3,
-    loss_agg_mode: str = "token-mean",
-    max_completion_length: int = 1,
-):
-    """A `Trainer` loss: `loss_fn(model, batch, rng) -> (loss_sum, weight, metric_sums)`.
-
-    batch: tokens, attention_mask [b, s] int32; completion_mask, old_logps [b, s] f32; advantages [b];
-    ref_logps [b, s] (needed when beta != 0). `grpo.grpo_loss` is called with unit denominators so it
-    returns a *sum*; the matching global denominator is the weight the trainer adds over micro-batches:
-    completion tokens (token-mean: TRL dapo/bnpo), sequences (seq-mean-token-mean: TRL grpo) or
-    sequences x max_completion_length (dr_grpo). Metrics come back as means x weight.
-    """
-    mode = grpo._resolve_mode(loss_agg_mode)
-    vm = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)
-
-    def loss_fn(model, batch, rng):
-        del rng
-        logps, ent = policy_logprobs(
-            model, batch["tokens"], batch["attention_mask"], temperature=temperature, vocab_mask=vm
-        )
-        mask = batch["completion_mask"].astype(jnp.float32)
-        ref = batch.get("ref_logps")
-        loss, met = grpo.grpo_loss(
-            logps, batch["old_logps"], ref, batch["advantages"], mask, epsilon=epsilon,
-            epsilon_high=epsilon_high, beta=beta, loss_agg_mode=mode, num_items_in_batch=1.0,
-            num_sequences=1.0, max_completion_length=1, entropies=ent,
-        )
-        n_seq = jnp.float32(mask.shape[0])
-        weight = {"token-mean": mask.sum(), "seq-mean-token-mean": n_seq,
-                  "dr_grpo": n_seq * max_completion_length}[mode]
-        sums = {k: (v if k == "policy_loss" else v * weight) for k, v in met.items() if k != "num_tokens"}
-        return loss, weight, sums
-
-    return loss_fn
 
 
 # ----------------------------------------------------------------------------------------------
@@ -247,6 +185,138 @@ def _check(cfg: Config) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# One RL step, phase by phase.
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """One RL step's rollouts: the sampler's output (tokens, lengths, logprobs, finished) and the
+    trainer's batch built from it, which the later phases complete (old/ref log-probs, advantages)."""
+
+    out: Any
+    batch: dict[str, np.ndarray]
+    forced: float  # share of the generated tokens the latent grammar chose (no policy gradient there)
+
+
+class GRPOStep:
+    """One latent-GRPO step (DESIGN §1, stage 3) as named phases, each a method a reader finds and
+    a benchmark can time:
+
+        rollout -> score -> rewards -> advantages -> update
+
+    `__call__` runs them in that order on one step's prompts and returns the step's metrics (the
+    `time/*` entries time the phases). Built once per run: it holds the sampler with the policy's
+    sampling copy, the reference weights, the reward setup and the trainer.
+    """
+
+    def __init__(self, cfg: Config, tok: Any, trainer: Trainer, sampler: Sampler, shardings: Any, *,
+                 prompt_len: int, vocab_mask: Any, ref_state: Any, weights: dict[str, float],
+                 extras: dict[str, Any]):
+        rl = cfg.rl
+        self.rl, self.seed, self.benchmark = rl, cfg.run.seed, cfg.data.dataset
+        self.tok, self.trainer, self.sampler, self.shardings = tok, trainer, sampler, shardings
+        self.prompt_len, self.vocab_mask, self.ref_state = prompt_len, vocab_mask, ref_state
+        self.weights, self.extras = weights, extras
+        self.processor, self.aux = None, None
+        if rl.max_latents or rl.constrain_format:
+            from dlr_jax.latent_grammar import latent_phase_processor, latent_processor_aux
+
+            self.processor = latent_phase_processor
+            self.aux = latent_processor_aux(tok, limit=rl.max_latents or rl.max_new_tokens,
+                                            constrain=rl.constrain_format)
+        self.boundary = BoundaryIds(tok.latent_start_id, tok.latent_end_id, tok.answer_start_id, tok.answer_end_id,
+                                    tok.latent_offset, tok.num_latents)
+        self.generate = functools.partial(
+            sampler.generate, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
+            top_p=rl.top_p, stop_ids=[tok.answer_end_id, tok.eos_id], pad_id=tok.pad_id,
+            logits_processor=self.processor, processor_aux=self.aux, vocab_mask=vocab_mask,
+        )
+
+    def rollout(self, rows: list[list[int]], step: int) -> Rollouts:
+        """Samples one completion per row (prompt repeated G times per group) with the step's key, and
+        lays prompts and completions out as the trainer's batch."""
+        out = self.generate(rows, rng=jax.random.fold_in(jax.random.key(self.seed), step))
+        batch = assemble_rollouts(rows, out.tokens, out.lengths, self.prompt_len, self.tok.pad_id)
+        forced = 0.0
+        if self.processor is not None:  # tokens the grammar chose carry no policy gradient
+            from dlr_jax.latent_grammar import forced_tokens
+
+            hit = np.asarray(forced_tokens(out.tokens, out.lengths, self.aux, self.vocab_mask))
+            batch["completion_mask"][:, self.prompt_len:] *= ~hit
+            forced = float(hit.sum() / max(out.lengths.sum(), 1))
+        return Rollouts(out, batch, forced)
+
+    def score(self, ro: Rollouts) -> np.ndarray:
+        """Teacher-forced old-policy (and, with beta != 0, reference) log-probs into the batch; returns
+        |scored - sampled| log-prob per generated token, the sampler's exactness check."""
+        batch, score = ro.batch, dict(temperature=self.rl.temperature, vocab_mask=self.vocab_mask)
+        cmask = batch["completion_mask"]
+        batch["old_logps"] = self.sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
+        gap = np.abs(batch["old_logps"][:, self.prompt_len:] - ro.out.logprobs) * cmask[:, self.prompt_len:]
+        if self.ref_state is not None:  # the same compiled scorer with the reference weights swapped in
+            policy = self.sampler.state
+            self.sampler.set_state(self.ref_state)
+            batch["ref_logps"] = self.sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
+            self.sampler.set_state(policy)
+        return gap
+
+    def rewards(self, out: Any, group: list[Any]) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]]:
+        """(parsed completions, reward [rows], {component: [rows]}) of a sampler output whose rows
+        answer `group`'s examples."""
+        tok = self.tok
+        parsed = [parse_generation(tok, out.tokens[r, : out.lengths[r]]) for r in range(len(group))]
+        gen_mask = (np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]).astype(np.float32)
+        inputs = RewardInputs(
+            completions=[p.text for p in parsed], golds=[ex.answer for ex in group],
+            benchmark=self.benchmark, completion_ids=out.tokens, completion_mask=gen_mask,
+            boundary=self.boundary, prompts=[ex.question for ex in group], extras=self.extras,
+        )
+        reward, parts = combine_rewards(inputs, self.weights)
+        return parsed, reward, parts
+
+    def advantages(self, reward: np.ndarray) -> np.ndarray:
+        """Group-normalised advantages (groups are adjacent rows)."""
+        return np.asarray(grpo.group_advantages(reward, self.rl.group_size, self.rl.scale_rewards))
+
+    def update(self, batch: dict[str, np.ndarray], step: int) -> dict[str, float]:
+        """rl.inner_epochs passes of optimizer steps over the rollouts, then the new policy copied onto
+        the sampling mesh (device to device)."""
+        upd = grpo_update(self.trainer, batch, epochs=self.rl.inner_epochs, seed=self.seed, step=step)
+        t = self.trainer
+        self.sampler.set_state(jax.device_put(nnx.state(nnx.merge(t.graphdef, t.params, t.rest)), self.shardings))
+        return upd
+
+    def __call__(self, rows: list[list[int]], group: list[Any], step: int) -> dict[str, float]:
+        """Every phase on one step's rows; the step's metrics (`METRICS`)."""
+        t0 = time.perf_counter()
+        ro = self.rollout(rows, step)
+        t1 = time.perf_counter()
+        gap = self.score(ro)
+        t2 = time.perf_counter()
+        parsed, reward, parts = self.rewards(ro.out, group)
+        ro.batch["advantages"] = self.advantages(reward)
+        t3 = time.perf_counter()
+        upd = self.update(ro.batch, step)
+        t4 = time.perf_counter()
+        out, gen_mask, size = ro.out, ro.batch["completion_mask"][:, self.prompt_len:], self.rl.group_size
+        return {
+            "updates": self.trainer.step, "reward": float(reward.mean()), "reward_std": float(reward.std()),
+            "forced_fraction": ro.forced,
+            **{f"reward/{k}": float(v.mean()) for k, v in parts.items()},
+            "accuracy": float(parts["answer"].mean()),
+            "n_latents": float(np.mean([p.n_latents for p in parsed])),
+            "completion_length": float(out.lengths.mean()), "finished": float(out.finished.mean()),
+            "zero_std_frac": float(grpo.zero_std_fraction(reward, size)),
+            **{k: v for k, v in upd.items() if k not in ("clip_ratio/region_mean", "batch_hash")},
+            "clip_fraction": upd["clip_ratio/region_mean"],
+            "logprob_gap/mean": float(gap.sum() / max(gen_mask.sum(), 1.0)),
+            "logprob_gap/max": float(gap.max()),
+            "time/rollout": t1 - t0, "time/score": t2 - t1, "time/rewards": t3 - t2, "time/update": t4 - t3,
+            "time/step": t4 - t0,
+        }
+
+
+# ----------------------------------------------------------------------------------------------
 # The stage.
 
 
@@ -260,7 +330,7 @@ def run(
 
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
-    examples = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
+    examples = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
     tok = common.get_tokenizer(cfg, workdir, examples)
     examples = common.stage_examples(cfg, workdir, "rl", tok, examples)
@@ -295,7 +365,7 @@ def run(
     )
     trainer = Trainer(
         model, loss_fn, dataclasses.replace(tcfg, num_steps=total * updates_per_step),
-        common.stage_dir(workdir, "rl"), mesh=train_mesh, rules=rules,
+        stage_dir(workdir, "rl"), mesh=train_mesh, rules=rules,
         trainable=filter_for_stage("rl", model.latent_cfg), name="rl",
     )
     stream = PromptStream(len(examples), rl.num_prompts, cfg.run.seed)
@@ -305,10 +375,9 @@ def run(
         raise ValueError(f"{trainer.dir / 'checkpoints'}: {trainer.step} updates after {stream.steps} RL steps, "
                          f"but this config makes {updates_per_step} per step; resume with the same rl settings")
 
-    # Sampling copy of the policy: resharded device-to-device after every step.
+    # Sampling copy of the policy: resharded device-to-device after every step (`GRPOStep.update`).
     # (On the same mesh device_put is a no-op: the sampler then shares the trainer's buffers, which the
     # next update donates — so the state is swapped in again after every update, before any use.)
-    policy_state = lambda: nnx.state(nnx.merge(trainer.graphdef, trainer.params, trainer.rest))
     graphdef, state = nnx.split(nnx.merge(trainer.graphdef, trainer.params, trainer.rest))
     shardings = state_shardings(state, smesh, rules)
     sampler = Sampler((graphdef, jax.device_put(state, shardings)), mesh=smesh, rules=rules, prompt_bucket=prompt_len)
@@ -334,42 +403,17 @@ def run(
                 batch_size=min(rl.process_batch_size, p_g),
             )
             weights["process"] = rl.process_weight
-
-    processor, aux = None, None
-    if rl.max_latents or rl.constrain_format:
-        from dlr_jax.latent_grammar import latent_phase_processor, latent_processor_aux
-
-        processor = latent_phase_processor
-        aux = latent_processor_aux(tok, limit=rl.max_latents or rl.max_new_tokens, constrain=rl.constrain_format)
-    boundary = BoundaryIds(tok.latent_start_id, tok.latent_end_id, tok.answer_start_id, tok.answer_end_id,
-                           tok.latent_offset, tok.num_latents)
-    generate = functools.partial(
-        sampler.generate, max_new_tokens=rl.max_new_tokens, temperature=rl.temperature, top_k=rl.top_k,
-        top_p=rl.top_p, stop_ids=[tok.answer_end_id, tok.eos_id], pad_id=tok.pad_id,
-        logits_processor=processor, processor_aux=aux, vocab_mask=vocab_mask,
-    )
-    score = dict(temperature=rl.temperature, vocab_mask=vocab_mask)
-
-    def rewards_of(out: Any, group: list[Any]):
-        """(parsed completions, reward [rows], {component: [rows]}) of a sampler output."""
-        parsed = [parse_generation(tok, out.tokens[r, : out.lengths[r]]) for r in range(len(group))]
-        gen_mask = (np.arange(out.tokens.shape[1])[None, :] < out.lengths[:, None]).astype(np.float32)
-        inputs = RewardInputs(
-            completions=[p.text for p in parsed], golds=[ex.answer for ex in group],
-            benchmark=cfg.data.dataset, completion_ids=out.tokens, completion_mask=gen_mask,
-            boundary=boundary, prompts=[ex.question for ex in group], extras=extras,
-        )
-        reward, parts = combine_rewards(inputs, weights)
-        return parsed, reward, parts
+    grpo_step = GRPOStep(cfg, tok, trainer, sampler, shardings, prompt_len=prompt_len, vocab_mask=vocab_mask,
+                         ref_state=ref_state, weights=weights, extras=extras)
 
     def held_out_score(rows: list[list[int]], group: list[Any], chunk: int):
         # the same key at every evaluation: common random numbers across the curve
-        out = generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk))
-        return rewards_of(out, group)[1:]
+        out = grpo_step.generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk))
+        return grpo_step.rewards(out, group)[1:]
 
     evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
-    writer = _Writers(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
+    writer = MetricsWriter(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
     signals = preemption.handling_signals()
     signals.__enter__()
     history: list[dict[str, float]] = []
@@ -390,56 +434,11 @@ def run(
         if stream.steps == 0:
             log_eval(0)
         while stream.steps < total:
-            t0 = time.perf_counter()
             idx = next(stream)
             step = stream.steps
             group = [examples[i] for i in idx for _ in range(rl.group_size)]
             rows = [prompts[i] for i in idx for _ in range(rl.group_size)]
-            out = generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed), step))
-            batch = assemble_rollouts(rows, out.tokens, out.lengths, prompt_len, tok.pad_id)
-            forced = 0.0
-            if processor is not None:  # tokens the grammar chose carry no policy gradient
-                from dlr_jax.latent_grammar import forced_tokens
-
-                hit = np.asarray(forced_tokens(out.tokens, out.lengths, aux, vocab_mask))
-                batch["completion_mask"][:, prompt_len:] *= ~hit
-                forced = float(hit.sum() / max(out.lengths.sum(), 1))
-            t1 = time.perf_counter()
-
-            cmask = batch["completion_mask"]
-            batch["old_logps"] = sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
-            gap = np.abs(batch["old_logps"][:, prompt_len:] - out.logprobs) * cmask[:, prompt_len:]
-            if ref_state is not None:
-                policy = sampler.state
-                sampler.set_state(ref_state)
-                batch["ref_logps"] = sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
-                sampler.set_state(policy)
-            t2 = time.perf_counter()
-
-            gen_mask = cmask[:, prompt_len:]
-            parsed, reward, parts = rewards_of(out, group)
-            batch["advantages"] = np.asarray(grpo.group_advantages(reward, rl.group_size, rl.scale_rewards))
-            t3 = time.perf_counter()
-
-            upd = grpo_update(trainer, batch, epochs=rl.inner_epochs, seed=cfg.run.seed, step=step)
-            sampler.set_state(jax.device_put(policy_state(), shardings))
-            t4 = time.perf_counter()
-
-            metrics = {
-                "updates": trainer.step, "reward": float(reward.mean()), "reward_std": float(reward.std()),
-                "forced_fraction": forced,
-                **{f"reward/{k}": float(v.mean()) for k, v in parts.items()},
-                "accuracy": float(parts["answer"].mean()),
-                "n_latents": float(np.mean([p.n_latents for p in parsed])),
-                "completion_length": float(out.lengths.mean()), "finished": float(out.finished.mean()),
-                "zero_std_frac": float(grpo.zero_std_fraction(reward, rl.group_size)),
-                **{k: v for k, v in upd.items() if k not in ("clip_ratio/region_mean", "batch_hash")},
-                "clip_fraction": upd["clip_ratio/region_mean"],
-                "logprob_gap/mean": float(gap.sum() / max(gen_mask.sum(), 1.0)),
-                "logprob_gap/max": float(gap.max()),
-                "time/rollout": t1 - t0, "time/score": t2 - t1, "time/rewards": t3 - t2, "time/update": t4 - t3,
-                "time/step": t4 - t0,
-            }
+            metrics = grpo_step(rows, group, step)
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             if (step % tcfg.log_every == 0 or step == total) and jax.process_index() == 0:
@@ -461,6 +460,6 @@ def run(
         signals.__exit__(None, None, None)
     final = trainer.finalize()
     if not preempted:
-        common.save_stage_model(final, workdir, "rl", kind="latent_lm", model_cfg=final.model_cfg,
+        save_stage_model(final, workdir, "rl", kind="latent_lm", model_cfg=final.model_cfg,
                                 extra={"rl_steps": stream.steps})
     return RLResult(final, stream.steps, preempted, history, evals)

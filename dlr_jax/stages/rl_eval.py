@@ -21,7 +21,7 @@ import numpy as np
 
 from dlr_jax.config import Config
 from dlr_jax.data.formats import prompt_ids
-from dlr_jax.stages import common
+from dlr_jax.data.sources import load_examples
 from dlr_jax.tokens import Tokenizer
 
 # (prompt rows, their examples, chunk index) -> (reward [rows], {component: [rows]})
@@ -83,7 +83,7 @@ def held_out_evaluator(cfg: Config, tok: Tokenizer, room: int, chunk: int, score
     if cfg.rl.eval_prompts <= 0:
         return None
     split = cfg.rl.eval_split or cfg.data.eval_split
-    exs = list(pool) if split == "pool" else common.load_examples(cfg, split)
+    exs = list(pool) if split == "pool" else load_examples(cfg, split)
     pairs = [(p, ex) for ex in exs if len(p := prompt_ids(tok, ex.question)) <= room][: cfg.rl.eval_prompts]
     if not pairs:
         raise ValueError(f"rl.eval_prompts: no {split!r} prompt fits in {room} tokens")

@@ -1,5 +1,6 @@
-"""The RL stage's other models and reward wiring: the sampling mesh, the frozen OCR decoder and
-evaluator LM of the process reward, and users' registered rewards (`rl.extra_rewards`)."""
+"""The RL stage's other models and reward wiring: the sampling mesh, the frozen evaluator LM of the
+process reward (its OCR decoder is `codebook_models.load_latent_decoder`), and users' registered
+rewards (`rl.extra_rewards`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ModelConfig, from_dict
-from dlr_jax.process_reward import LatentDecoder
 from dlr_jax.sharding import make_mesh, parse_mesh_spec
-from dlr_jax.stages import common
 from dlr_jax.tokens import Tokenizer
+from dlr_jax.workdir import final_dir
 
 
 def sample_mesh_for(spec: str, train_mesh: Mesh) -> Mesh:
@@ -27,21 +27,6 @@ def sample_mesh_for(spec: str, train_mesh: Mesh) -> Mesh:
         raise ValueError(f"rl.sample_mesh={spec!r} needs {math.prod(shape.values())} devices; the training "
                          f"mesh has {len(devices)}")
     return make_mesh(shape["data"], shape["fsdp"], shape["tensor"], devices=devices)
-
-
-def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh) -> LatentDecoder | None:
-    """The codebook stage's frozen OCR decoder, from `dlr_jax.stages.codebook.load_latent_decoder(cfg,
-    workdir, mesh)` (None when that stage or its decoder is missing)."""
-    import importlib
-
-    try:
-        codebook = importlib.import_module("dlr_jax.stages.codebook")
-    except ModuleNotFoundError as e:
-        if e.name != "dlr_jax.stages.codebook":
-            raise
-        return None
-    fn = getattr(codebook, "load_latent_decoder", None)
-    return None if fn is None else fn(cfg, workdir, mesh)
 
 
 def extra_reward_weights(rl: Any) -> dict[str, float]:
@@ -80,7 +65,7 @@ def load_evaluator(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh)
     spec = cfg.rl.evaluator
     if spec == "backbone":
         return load_backbone_for_latents(cfg, workdir, tok, mesh)
-    d = Path(spec) if (Path(spec) / "meta.json").is_file() else common.final_dir(workdir, spec)
+    d = Path(spec) if (Path(spec) / "meta.json").is_file() else final_dir(workdir, spec)
     meta = read_meta(d)
     if meta.get("kind") != "backbone":
         raise ValueError(f"{d}: rl.evaluator must be a text backbone checkpoint, found kind={meta.get('kind')!r}")

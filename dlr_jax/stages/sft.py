@@ -11,8 +11,8 @@ uses the codebook stage's input-character dropout (codebook.char_dropout) and sf
 
 Outputs: <workdir>/sft/final (the latent LM, as without the branch) and, with the branch,
 <workdir>/sft/decoder (params + meta.json, kind "ocr_decoder"): the trained decoder with the final
-rows E_lat(k) frozen in. `export.load_decoder` (and so RL's process reward) prefers it over the
-codebook stage's decoder.
+rows E_lat(k) frozen in. `codebook_models.load_decoder` (and so RL's process reward) prefers it over
+the codebook stage's decoder.
 """
 
 from __future__ import annotations
@@ -29,20 +29,18 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, restore_params, save_params
+from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import Config
-from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, char_dropout, teacher_inputs
-from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch, branch_from_codebook_model
+from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
+from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
+from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
+from dlr_jax.stages.codebook_models import decoder_dir, load_codebook_model
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.trainer import TrainResult
+from dlr_jax.workdir import final_dir, stage_dir
 
 STAGE = "sft"
-
-
-def decoder_dir(workdir: str | Path) -> Path:
-    """Where sft writes its dual-branch OCR decoder."""
-    return common.stage_dir(workdir, STAGE) / "decoder"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,8 +97,6 @@ class DualBranch:
 
     def wrap(self, lm, trainable: Any, mesh: Mesh, rules: Any):
         """(DualBranchLM, its loss, LM filter + the OCR branch's params)."""
-        from dlr_jax.stages.codebook import load_codebook_model
-
         ocr = branch_from_codebook_model(load_codebook_model(self.workdir, mesh), lm, mesh=mesh, rules=rules)
         loss = functools.partial(dual_branch_loss, vocab_mask=lm.vocab_mask(), weight=self.weight,
                                  dropout=self.dropout)
@@ -121,7 +117,7 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
     mode = cfg.latent.dual_branch
     if mode == "off":
         return None
-    cb_dir = common.final_dir(workdir, "codebook")
+    cb_dir = final_dir(workdir, "codebook")
     have = (cb_dir / "meta.json").is_file()
     if mode == "auto" and not (have and cfg.latent.source == "codebook"):
         return None
@@ -154,19 +150,6 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout))
 
 
-def load_ocr_decoder(workdir: str | Path, mesh: Mesh | None = None) -> OCRBranch | None:
-    """Stage sft's dual-branch decoder (with frozen code rows) from <workdir>/sft/decoder, or None."""
-    d = decoder_dir(workdir)
-    if not (d / "meta.json").is_file():
-        return None
-    meta = read_meta(d)
-    if meta.get("kind") != "ocr_decoder":
-        raise ValueError(f"{d / 'meta.json'}: kind is {meta.get('kind')!r}, expected 'ocr_decoder'")
-    dcfg = CodebookModelConfig.from_dict(meta["model"])
-    k, f = int(meta["num_codes"]), int(meta["feature_dim"])
-    return restore_params(lambda: OCRBranch(dcfg, f, rngs=nnx.Rngs(0), code_rows=jnp.zeros((k, f))), d, mesh)
-
-
 # ----------------------------------------------------------------------------------------------
 # The stage.
 
@@ -178,7 +161,7 @@ def _from_align(cfg, workdir, tok, mesh):
 def _check_branch_flip(workdir: str | Path, on: bool) -> None:
     """The dual branch changes the checkpointed tree: resuming with it flipped cannot work. The
     choice is recorded next to the checkpoints (sft/dual_branch.json) and checked on resume."""
-    d = common.stage_dir(workdir, STAGE)
+    d = stage_dir(workdir, STAGE)
     marker, ckpts = d / "dual_branch.json", d / "checkpoints"
     resuming = ckpts.is_dir() and any(p.name.isdigit() for p in ckpts.iterdir())
     if resuming and marker.is_file():
@@ -203,6 +186,6 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> Tr
         print(f"[sft] dual branch off: moved the earlier run's OCR decoder {stale} to {moved}; the process "
               "reward will use the codebook stage's decoder", flush=True)
     if branch is not None:
-        print(f"[sft] dual branch on: OCR decoder from {common.final_dir(workdir, 'codebook')}, "
+        print(f"[sft] dual branch on: OCR decoder from {final_dir(workdir, 'codebook')}, "
               f"weight {branch.weight}; writes {decoder_dir(workdir)}", flush=True)
     return train_latent_stage(cfg, workdir, STAGE, _from_align, num_steps=num_steps, branch=branch)

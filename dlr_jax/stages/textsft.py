@@ -11,9 +11,12 @@ import functools
 from pathlib import Path
 
 from dlr_jax.config import Config
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import local_batch
 from dlr_jax.trainer import Trainer, TrainResult
+from dlr_jax.workdir import stage_dir
 
 
 def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int | None = None) -> TrainResult:
@@ -22,7 +25,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     if mode not in ("cot", "direct"):
         raise ValueError(f"textsft mode must be cot or direct, got {mode!r}")
     stage = f"textsft_{mode}"
-    train = common.load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
+    train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
     tok = common.get_tokenizer(cfg, workdir, train)
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
@@ -45,11 +48,11 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     print(f"[{stage}] {common.count_params(model):,} params, {len(train):,} examples", flush=True)
     loss = functools.partial(common.lm_loss, vocab_mask=tok.vocab_padding_mask()[: tok.text_vocab_size])
     trainer = Trainer(
-        model, loss, tcfg, common.stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules, name=stage
+        model, loss, tcfg, stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules, name=stage
     )
     result = trainer.fit(iter(data), num_steps)
     if not result.preempted:
-        common.save_stage_model(
+        save_stage_model(
             result.model, workdir, stage, kind="backbone", model_cfg=result.model.cfg, extra={"mode": mode}
         )
     return result

@@ -12,7 +12,8 @@ import tensorflow_datasets as tfds
 from dlr_jax.config import load_config
 from dlr_jax.data import render_corpus as rc
 from dlr_jax.data import render_pipeline as rp
-from dlr_jax.stages.codebook import corpus_texts, open_render_cache
+from dlr_jax.data.sources import corpus_texts
+from dlr_jax.stages.codebook import open_render_cache
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
 # 50 synthetic CoTs on canvases of 64..256 px, so the plan has several side buckets to interleave.
@@ -79,7 +80,7 @@ def test_cache_reads_in_grain_worker_processes(rendered):
     finally:
         it.close()
     for i, b in enumerate(got):
-        want = rp._render_train_batch(i, None, plan=rp.BatchPlan(texts, **kw), rows=slice(None))
+        want = rp.render_train_batch(i, None, plan=rp.BatchPlan(texts, **kw), rows=slice(None))
         for k in want:
             np.testing.assert_array_equal(b[k], want[k], err_msg=k)
 

@@ -10,15 +10,13 @@ import pytest
 from dlr_jax import render
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.models.codebook_model import (
-    VOCAB,
     CodebookModelConfig,
     build_codebook_model,
     char_dropout,
-    encode_target,
     greedy_decode,
-    normalize_text,
     teacher_inputs,
 )
+from dlr_jax.ocr_text import VOCAB, encode_target, normalize_text
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from flax import nnx
 
+from dlr_jax.convert.ocr2 import load_ocr2, save_ocr2_hf
 from dlr_jax.models.ocr2 import SMALL_TABLE
-from dlr_jax.ocr2_convert import load_ocr2, save_ocr2_hf
 from tests.hf_fixtures import build_tiny_ocr2
 
 TOL = 1e-4

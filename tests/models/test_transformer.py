@@ -1,4 +1,4 @@
-"""Transformer behaviour that does not need HF weights (HF parity lives in tests/test_convert.py)."""
+"""Transformer behaviour that does not need HF weights (HF parity lives in tests/convert/test_decoder.py)."""
 
 import dataclasses
 

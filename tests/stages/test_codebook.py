@@ -12,9 +12,11 @@ import pytest
 
 from dlr_jax.config import load_config
 from dlr_jax.data import render_pipeline as rp
+from dlr_jax.data.sources import corpus_texts
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.process_reward import LatentDecoder
 from dlr_jax.stages import codebook
+from dlr_jax.stages.codebook_models import load_codebook_model, load_latent_decoder
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,9 +73,9 @@ def test_edit_distance_and_cer():
 def test_continuous_branch_is_skipped_once_alpha_is_zero():
     cfg = _cfg()
     model = build_codebook_model(CodebookModelConfig.from_config(cfg), seed=0)
-    texts = codebook.corpus_texts(cfg)
+    texts = corpus_texts(cfg)
     plan = rp.BatchPlan(texts, batch_size=8, seed=0, config=rp.render_config(cfg.codebook), max_text_len=48)
-    batch = {k: jnp.asarray(v) for k, v in rp._render_train_batch(0, None, plan=plan, rows=slice(None)).items()}
+    batch = {k: jnp.asarray(v) for k, v in rp.render_train_batch(0, None, plan=plan, rows=slice(None)).items()}
     loss = jax.jit(lambda b, r: codebook.codebook_loss(model, b, r, lambda_vq=0.25, beta=0.1, dropout=0.5))
     rng = jax.random.key(0)
     q_sum, w, met = loss(batch, rng)
@@ -113,7 +115,7 @@ def test_stage_writes_artifacts(run_dir):
     assert 1 <= h["used_codes"] <= 16 and h["mean_n"] == 4.0
     meta = json.loads((out / "final" / "meta.json").read_text())
     assert meta["kind"] == "codebook" and CodebookModelConfig.from_dict(meta["model"]).num_codes == 16
-    model = codebook.load_codebook_model(w)
+    model = load_codebook_model(w)
     np.testing.assert_array_equal(np.asarray(model.vq.codebook[...]), cb)
 
 
@@ -149,11 +151,11 @@ def test_checkpoint_report_matches_the_final_report(run_dir, capsys):
 
 def test_latent_decoder_from_the_stage(run_dir):
     cfg, w, _, _ = run_dir
-    dec = codebook.load_latent_decoder(cfg, w)
+    dec = load_latent_decoder(cfg, w)
     assert isinstance(dec, LatentDecoder)
     out = dec.decode([[0, 1, 2, 3], [5], []])
     assert len(out) == 3 and all(isinstance(s, str) for s in out) and out[2] == ""
-    assert codebook.load_latent_decoder(cfg, w / "nowhere") is None
+    assert load_latent_decoder(cfg, w / "nowhere") is None
 
 
 def test_sigterm_in_warmup_stops_the_stage(tmp_path, monkeypatch):
@@ -212,7 +214,7 @@ def test_warmup_piece_chars(tmp_path, monkeypatch, piece_chars):
     monkeypatch.setattr(Trainer, "fit", fit)
     cfg = _cfg("codebook.warmup_steps=2", f"codebook.warmup_piece_chars={piece_chars}")
     codebook.run(cfg, tmp_path)
-    cots = codebook.corpus_texts(cfg)
+    cots = corpus_texts(cfg)
     assert seen["codebook-warmup"] == 1
     warm_texts = seen["plans"][0]
     if piece_chars == 0:
@@ -245,6 +247,6 @@ def test_warmup_whole_steps_follow_the_pieces(tmp_path, monkeypatch):
     out = codebook.run(cfg, tmp_path)
     assert out == {"preempted": True, "phase": "warmup_whole", "step": 3}
     assert fits == [("codebook-warmup", 2, 1, "warmup"), ("codebook-warmup-whole", 3, 2, "warmup_whole")]
-    cots = codebook.corpus_texts(cfg)
+    cots = corpus_texts(cfg)
     assert plans[0] == [p for t in cots for p in rp.cot_pieces(t, 12)]
     assert plans[1] == cots

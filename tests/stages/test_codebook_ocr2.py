@@ -16,8 +16,10 @@ from dlr_jax import render
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.latents import latents_path, read_latents
+from dlr_jax.data.sources import load_examples
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookModel
-from dlr_jax.stages import codebook, codebook_ocr2, common, export
+from dlr_jax.stages import codebook, codebook_ocr2, export
+from dlr_jax.stages.codebook_models import load_codebook_model
 from tests.hf_fixtures import save_tiny_ocr2, tiny_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +66,7 @@ def test_stage_from_ocr2_checkpoint_then_export(ckpt, tmp_path):
     assert h["examples"] == 8 and h["mean_n"] == 4.0 and 1 <= h["used_codes"] <= 16
     assert np.isfinite(h["ce_true"]) and np.isfinite(h["ce_shuffled"])
 
-    model = codebook.load_codebook_model(tmp_path)
+    model = load_codebook_model(tmp_path)
     assert isinstance(model, Ocr2CodebookModel) and model.cfg.quantize_at == "flow"
     np.testing.assert_array_equal(np.asarray(model.vq.codebook[...]), np.load(tmp_path / "codebook" / "codebook.npy"))
     # The pretrained weights were fine-tuned, not replaced: the loaded decoder still has the checkpoint's shapes.
@@ -72,7 +74,7 @@ def test_stage_from_ocr2_checkpoint_then_export(ckpt, tmp_path):
 
     info = export.run(cfg, tmp_path)
     table = read_latents(latents_path(tmp_path, "test"), num_codes=16)
-    ex = common.load_examples(cfg, "test")[0]
+    ex = load_examples(cfg, "test")[0]
     img = np.asarray(render.render_cot_ex(ex.cot, config=rp.render_config(cfg.codebook)).image)[None, ..., 0]
     want = jax.jit(lambda x: model.nearest(model.encode(x)))(jnp.asarray(img))[0].tolist()
     assert list(table[ex.id]) == want and len(want) == 4
@@ -85,8 +87,8 @@ def test_loss_alpha_branch_adds_alpha_times_the_continuous_ce(ckpt):
     branch equals the quantised-only loss plus alpha times the CE of the continuous features."""
     from flax import nnx
 
+    from dlr_jax.convert.ocr2 import load_ocr2
     from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig
-    from dlr_jax.ocr2_convert import load_ocr2
 
     ocfg, ocr2 = load_ocr2(ckpt)
     model = Ocr2CodebookModel(Ocr2CodebookConfig(ocfg, 16, 0.0, 24), rngs=nnx.Rngs(0))

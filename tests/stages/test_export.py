@@ -11,9 +11,12 @@ from dlr_jax.checkpoint import save_params
 from dlr_jax.config import load_config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.latents import latents_path, read_latents
+from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.process_reward import LatentDecoder as LatentDecoderProtocol
-from dlr_jax.stages import common, export
+from dlr_jax.stages import export
+from dlr_jax.stages.codebook_models import load_decoder
+from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,17 +34,17 @@ def exported(tmp_path_factory):
     w = tmp_path_factory.mktemp("ex")
     mcfg = CodebookModelConfig.from_config(cfg)
     model = build_codebook_model(mcfg, seed=0)
-    save_params(model, common.final_dir(w, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
+    save_params(model, final_dir(w, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
     info = export.run(cfg, w)
     return cfg, w, model, info
 
 
 def test_one_line_per_example_with_n_of_its_canvas(exported):
     cfg, w, model, info = exported
-    assert set(info) == {"train", "test"} and (common.final_dir(w, "export") / "meta.json").is_file()
+    assert set(info) == {"train", "test"} and (final_dir(w, "export") / "meta.json").is_file()
     rcfg = rp.render_config(cfg.codebook)
     for split, n_examples in (("train", 20), ("test", 6)):
-        examples = common.load_examples(cfg, split)
+        examples = load_examples(cfg, split)
         table = read_latents(latents_path(w, split), num_codes=32)
         assert len(table) == n_examples == len(examples) and list(table) == [ex.id for ex in examples]
         assert sum(info[split]["n_hist"].values()) == n_examples
@@ -54,7 +57,7 @@ def test_one_line_per_example_with_n_of_its_canvas(exported):
 
 def test_ids_are_the_nearest_codes_of_the_rendered_image(exported):
     cfg, w, model, _ = exported
-    ex = common.load_examples(cfg, "test")[0]
+    ex = load_examples(cfg, "test")[0]
     img = np.asarray(render.render_cot_ex(ex.cot, config=rp.render_config(cfg.codebook)).image)[None, ..., 0]
     h = model.encode(jnp.asarray(img))
     expected = model.nearest(h)[0].tolist()
@@ -63,7 +66,7 @@ def test_ids_are_the_nearest_codes_of_the_rendered_image(exported):
 
 def test_latent_decoder_round_trip(exported):
     _, w, model, _ = exported
-    dec = export.load_decoder(w, batch_size=4)
+    dec = load_decoder(w, batch_size=4)
     assert isinstance(dec, LatentDecoderProtocol)
     codes = [list(range(n)) for n in range(1, 17)] + [[], [31, 0, 7]]  # any N from 1 to 16
     out = dec.decode(codes)

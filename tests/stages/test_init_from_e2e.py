@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from dlr_jax.config import load_config
+from dlr_jax.handoff import load_stage_model
 from dlr_jax.stages import align, codebook, common, export, rl, sft, textsft
 from tests.hf_fixtures import save_tiny_checkpoint
 from tests.micro import codebook_nets
@@ -133,11 +134,11 @@ def test_paper_recipe_runs_every_stage_from_a_checkpoint(family, checkpoints, sh
     import torch
     import transformers
 
-    from dlr_jax import convert
+    from dlr_jax.convert import cli as convert_cli
 
-    model, tok, _ = common.load_stage_model(w, "rl")
+    model, tok, _ = load_stage_model(w, "rl")
     out = tmp_path_factory.mktemp(f"hf_out_{family}")
-    convert.main(["--to-hf", "--from-workdir", str(w), "--stage", "rl", "--out", str(out), "--force"])
+    convert_cli.main(["--to-hf", "--from-workdir", str(w), "--stage", "rl", "--out", str(out), "--force"])
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
     ids = np.asarray([[tok.eos_id, tok.latent_start_id, tok.latent_id(1), tok.latent_id(7), tok.latent_end_id,
                        tok.answer_start_id, *tok.encode_plain("12"), tok.answer_end_id]])

@@ -13,7 +13,9 @@ from flax import nnx
 
 from dlr_jax.checkpoint import read_meta
 from dlr_jax.config import ModelConfig, TrainConfig, apply_overrides, load_config
+from dlr_jax.data.sources import load_examples
 from dlr_jax.grpo import group_advantages
+from dlr_jax.handoff import load_stage_model, save_stage_model
 from dlr_jax.models.transformer import Transformer
 from dlr_jax.rewards import RewardInputs, register_reward
 from dlr_jax.sampling import Sampler
@@ -48,11 +50,11 @@ def workdir(tmp_path_factory):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", MICRO + RL)
     w = tmp_path_factory.mktemp("rl_wd")
     common.prepare_workdir(cfg, w)
-    tok = common.get_tokenizer(cfg, w, common.load_examples(cfg, "train"))
+    tok = common.get_tokenizer(cfg, w, load_examples(cfg, "train"))
     backbone = common.new_backbone(cfg, tok, _one())
-    common.save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
+    save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
     lm = new_latent_lm(cfg, w, tok, _one())
-    common.save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
+    save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
     return cfg, w
 
 
@@ -111,8 +113,8 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
     meta = read_meta(w / "rl" / "final")
     assert meta["kind"] == "latent_lm" and meta["rl_steps"] == 2
 
-    final = common.load_stage_model(w, "rl", mesh=_one())[0]
-    sft = common.load_stage_model(w, "sft", mesh=_one())[0]
+    final = load_stage_model(w, "rl", mesh=_one())[0]
+    sft = load_stage_model(w, "sft", mesh=_one())[0]
     np.testing.assert_array_equal(np.asarray(final.codebook[...]), np.asarray(sft.codebook[...]))  # frozen
 
 

@@ -20,11 +20,16 @@ from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
-from dlr_jax.models.codebook_model import VOCAB, CodebookModelConfig, build_codebook_model, encode_target
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import latent_rows_config, load_stage_model, save_stage_model
+from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
+from dlr_jax.ocr_text import VOCAB, encode_target
 from dlr_jax.sharding import make_mesh
-from dlr_jax.stages import codebook, common, export, latent_common, sft
+from dlr_jax.stages import common, latent_common, sft
+from dlr_jax.stages.codebook_models import decoder_dir, load_decoder, load_latent_decoder
+from dlr_jax.workdir import final_dir
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +56,7 @@ def _one():
 
 
 def _write_codebook_meta(workdir, cfg):
-    d = common.final_dir(workdir, "codebook")
+    d = final_dir(workdir, "codebook")
     d.mkdir(parents=True)
     meta = {"kind": "codebook", "model": CodebookModelConfig.from_config(cfg).to_dict()}
     (d / "meta.json").write_text(json.dumps(meta))
@@ -63,20 +68,20 @@ def setup(tmp_path_factory, compile_cache):
     cfg = _cfg()
     w = tmp_path_factory.mktemp("sftdb")
     common.prepare_workdir(cfg, w)
-    train = common.load_examples(cfg, "train")
+    train = load_examples(cfg, "train")
     tok = common.get_tokenizer(cfg, w, train)
     mcfg = CodebookModelConfig.from_config(cfg)
     cbm = build_codebook_model(mcfg, seed=0)
     meta = {"stage": "codebook", "kind": "codebook", "model": mcfg.to_dict()}
-    save_params(cbm, common.final_dir(w, "codebook"), meta)
+    save_params(cbm, final_dir(w, "codebook"), meta)
     np.save(w / "codebook" / "codebook.npy", np.asarray(cbm.vq.codebook[...]))
     rng = np.random.default_rng(0)
     table = {ex.id: rng.integers(0, K, rng.choice([4, 9])).tolist() for ex in train}  # N in {4, 9}, as exported
     write_latents(latents_path(w, "train"), train, table)
     rbg = nnx.Rngs(params=jax.random.key(0, impl="rbg"))  # far cheaper to init on a CPU than threefry
-    lm = build_latent_lm(common.backbone_config(cfg, tok), latent_common.latent_rows_config(cfg, tok), rngs=rbg)
+    lm = build_latent_lm(common.backbone_config(cfg, tok), latent_rows_config(cfg, tok), rngs=rbg)
     lm.set_codebook(cbm.vq.codebook[...])
-    common.save_stage_model(lm, w, "align", kind="latent_lm", model_cfg=lm.model_cfg)
+    save_stage_model(lm, w, "align", kind="latent_lm", model_cfg=lm.model_cfg)
     return cfg, w, tok, train, table, cbm
 
 
@@ -255,12 +260,12 @@ def test_outputs_and_decoder_for_later_stages(setup, trained):
     cfg, w, tok, _, _, cbm = setup
     _, second = trained
     assert read_meta(w / "sft" / "final")["kind"] == "latent_lm"
-    meta = read_meta(sft.decoder_dir(w))
+    meta = read_meta(decoder_dir(w))
     assert meta["kind"] == "ocr_decoder" and meta["steps"] == 30 and meta["num_codes"] == K
-    lm = common.load_stage_model(w, "sft", mesh=_one())[0]
-    dec = export.load_decoder(w, batch_size=4)  # what RL's process reward gets, via codebook.load_latent_decoder
+    lm = load_stage_model(w, "sft", mesh=_one())[0]
+    dec = load_decoder(w, batch_size=4)  # what RL's process reward gets, via load_latent_decoder
     assert isinstance(dec.model, OCRBranch)
-    assert isinstance(codebook.load_latent_decoder(cfg, w).model, OCRBranch)
+    assert isinstance(load_latent_decoder(cfg, w).model, OCRBranch)
     # the frozen rows are the final sft model's E_lat(k), as the decoder saw them in training
     want = lm.embed_latents(jnp.arange(K)[None])[0]
     np.testing.assert_allclose(dec.model.vq.codebook[...], want, rtol=1e-5, atol=1e-6)
@@ -284,11 +289,11 @@ def test_a_fresh_run_without_the_branch_moves_the_old_decoder_away(setup, traine
     for old in ("checkpoints", "final", "events", "dual_branch.json"):  # a fresh sft run, the decoder left
         shutil.rmtree(wd / "sft" / old, ignore_errors=True)
         (wd / "sft" / old).unlink(missing_ok=True)
-    assert sft.decoder_dir(wd).is_dir()
+    assert decoder_dir(wd).is_dir()
     sft.run(apply_overrides(cfg, ["latent.dual_branch=off"]), wd, num_steps=1)
-    assert not sft.decoder_dir(wd).exists()
+    assert not decoder_dir(wd).exists()
     assert len(list((wd / "sft").glob("decoder.stale-*"))) == 1  # moved, not deleted
-    assert not isinstance(export.load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder
+    assert not isinstance(load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder
 
 
 class _Stop(Exception):

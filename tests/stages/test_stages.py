@@ -11,7 +11,8 @@ from flax import nnx
 
 from dlr_jax.checkpoint import read_meta
 from dlr_jax.config import load_config
-from dlr_jax.stages import align, common, sft, textsft
+from dlr_jax.handoff import load_stage_model
+from dlr_jax.stages import align, sft, textsft
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = [
@@ -30,7 +31,7 @@ def run_dir(tmp_path_factory):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", MICRO)
     w = tmp_path_factory.mktemp("wd")
     textsft.run(cfg, w, "cot")
-    before = common.load_stage_model(w, "textsft_cot", mesh=_one())[0]
+    before = load_stage_model(w, "textsft_cot", mesh=_one())[0]
     align.run(cfg, w)
     sft.run(cfg, w)
     return cfg, w, before
@@ -56,7 +57,7 @@ def test_workdir_layout(run_dir):
 
 def test_align_changes_only_projectors(run_dir):
     _, w, backbone_before = run_dir
-    aligned = _flat(nnx.state(common.load_stage_model(w, "align", mesh=_one())[0], nnx.Param))
+    aligned = _flat(nnx.state(load_stage_model(w, "align", mesh=_one())[0], nnx.Param))
     start = _flat(nnx.state(backbone_before, nnx.Param))
     for k, v in start.items():  # every backbone tensor is bit-identical after align
         np.testing.assert_array_equal(aligned["backbone/" + k], v)
@@ -65,8 +66,8 @@ def test_align_changes_only_projectors(run_dir):
 
 def test_sft_trains_backbone_and_projectors(run_dir):
     _, w, _ = run_dir
-    a = _flat(nnx.state(common.load_stage_model(w, "align", mesh=_one())[0], nnx.Param))
-    s = _flat(nnx.state(common.load_stage_model(w, "sft", mesh=_one())[0], nnx.Param))
+    a = _flat(nnx.state(load_stage_model(w, "align", mesh=_one())[0], nnx.Param))
+    s = _flat(nnx.state(load_stage_model(w, "sft", mesh=_one())[0], nnx.Param))
     changed = {k for k in a if not np.array_equal(a[k], s[k])}
     assert any(k.startswith("backbone/layers") for k in changed)
     assert any(k.startswith("p_in") or k.startswith("p_out") for k in changed)
@@ -74,7 +75,7 @@ def test_sft_trains_backbone_and_projectors(run_dir):
 
 def test_sft_model_emits_full_vocab_logits(run_dir):
     _, w, _ = run_dir
-    model, tok, _ = common.load_stage_model(w, "sft", mesh=_one())
+    model, tok, _ = load_stage_model(w, "sft", mesh=_one())
     logits = model(np.asarray([[tok.bos_id or 1, tok.latent_start_id, tok.latent_id(3)]]))
     assert logits.shape[-1] == tok.total_vocab_size
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from dlr_jax import bench, bench_render_cache
+from dlr_jax.bench import cli
+from dlr_jax.bench import render_cache as bench_render_cache
 from dlr_jax.config import load_config
 from dlr_jax.data import render_pipeline as rp
 
@@ -16,7 +17,7 @@ from dlr_jax.data import render_pipeline as rp
 def test_cli_writes_the_section(tmp_path):
     out = tmp_path / "B.md"
     out.write_text("# Benchmarks\n\n<!-- bench:train -->\nold train\n<!-- /bench:train -->\n")
-    bench.main(["--out", str(out), "--only", "render_cache", "--repeats", "1", "--render-cache-corpus",
+    cli.main(["--out", str(out), "--only", "render_cache", "--repeats", "1", "--render-cache-corpus",
                 "synthetic:test", "--render-cache-examples", "64", "--render-cache-cases", "tiny",
                 "--render-cache-workers", "1"])
     text = out.read_text()
@@ -44,4 +45,4 @@ def test_the_1024_case_fills_1024_px_canvases():
         side, shrunk, truncated = rp.canvas_side(t, round(rcfg.font_mean), rcfg)
         assert side == 1024 and not truncated
     with pytest.raises(SystemExit):
-        bench.main(["--only", "render_cache", "--render-cache-cases", "tiny,2048"])
+        cli.main(["--only", "render_cache", "--render-cache-cases", "tiny,2048"])

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from dlr_jax import bench, bench_codebook
+from dlr_jax.bench import cli
+from dlr_jax.bench import codebook as bench_codebook
 from tests.micro import codebook_nets
 
 # Micro networks, one canvas side (128 px): three compilations in all (encode, two step variants).
@@ -30,7 +31,7 @@ def test_cli_writes_the_section_with_sane_numbers(tmp_path, data_dir):  # reads 
     argv = ["--out", str(out), "--only", "codebook", "--repeats", "1", "--codebook-examples", "24",
             "--codebook-phases", "render,encode,train,live"]
     argv += [a for o in MICRO for a in ("--codebook-set", o)]
-    bench.main(argv)
+    cli.main(argv)
     text = out.read_text()
     assert "hand-written notes" in text and "old train" in text  # other content untouched
     body = text.split("<!-- bench:codebook -->\n", 1)[1].split("<!-- /bench:codebook -->", 1)[0]
@@ -88,13 +89,13 @@ def test_rates_ratios_and_workers_follow_the_measurements():
 
 def test_bad_arguments_are_rejected(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--only", "codebook", "--codebook-examples", "-1"])
+        cli.main(["--only", "codebook", "--codebook-examples", "-1"])
     assert "--codebook-examples must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench.main(["--only", "codebook", "--codebook-phases", "render,live"])
+        cli.main(["--only", "codebook", "--codebook-phases", "render,live"])
     assert "needs render and at least one of encode,train_alpha,train" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench.main(["--only", "codebook", "--codebook-phases", "render,encode,live"])
+        cli.main(["--only", "codebook", "--codebook-phases", "render,encode,live"])
     assert "live needs train" in capsys.readouterr().err
     with pytest.raises(ValueError, match="name:split"):
         bench_codebook.load_corpus("gsm8k_aug")

@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from dlr_jax import bench
+from dlr_jax.bench import common
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "configs" / "tiny.yaml"
+TINY = common.TINY_CONFIG
 CASES = ("tiny", "1024")
 FILL_CHARS = 3500  # characters per 1024-px text: ~75 % of a canvas at the mean 17.5-px font
 MIN_1024 = 96  # 1024-px canvases per epoch at least (the CoTs are cycled when too few)
@@ -115,8 +114,8 @@ def bench_case(case: str, texts: Sequence[str], cfg: Any, *, workers: int, repea
         cache.check(texts, rcfg, seed)
         cached = rp.BatchPlan(texts, batch_size=batch, seed=seed, config=rcfg,
                               max_text_len=cfg.codebook.max_text_len, cache=cache)
-        a = rp._render_train_batch(0, None, plan=plan, rows=slice(None))
-        b = rp._render_train_batch(0, None, plan=cached, rows=slice(None))
+        a = rp.render_train_batch(0, None, plan=plan, rows=slice(None))
+        b = rp.render_train_batch(0, None, plan=cached, rows=slice(None))
         if not all(np.array_equal(a[k], b[k]) for k in a):
             raise AssertionError(f"{case}: the cache's first batch differs from rendering it")
         variants = {"fly_1": (plan, 0), "cache_1": (cached, 0), "fly_all": (plan, workers),
@@ -133,7 +132,7 @@ def bench_case(case: str, texts: Sequence[str], cfg: Any, *, workers: int, repea
 
 def render_section(results: Sequence[CaseResult], *, corpus: str, examples: int, workers: int, repeats: int,
                    command: str, info: dict[str, str], load_end: str) -> str:
-    lines = bench._header("Render cache: codebook batches from a rendered corpus vs drawn on the fly",
+    lines = common.header("Render cache: codebook batches from a rendered corpus vs drawn on the fly",
                           command, info)
     lines += [
         f"Corpus: {corpus}, {examples} CoTs. Cases: tiny = configs/tiny.yaml's codebook rendering; 1024 = the "
@@ -200,7 +199,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
                 log: Callable[[str], None] = print) -> str:
     """Runs the `render_cache` benchmark and returns its BENCHMARKS.md section."""
-    from dlr_jax.bench_codebook import load_corpus
+    from dlr_jax.bench.codebook import load_corpus
     from dlr_jax.config import load_config
 
     if err := check_arguments(args):

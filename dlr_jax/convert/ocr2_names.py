@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlr_jax.convert.tensors import TensorReader, tensor_index
 from dlr_jax.hf_config import ConversionError
 
 # On disk, checkpoints (the released one, and what transformers' save_pretrained writes) use the
@@ -76,15 +77,13 @@ def to_disk_names(sd: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
 
 
-class _Tensors(Mapping):
+class HFTensors(Mapping):
     """Lazy read-only view of a checkpoint's tensors under transformers' in-memory names (numpy),
     from either naming; per-expert tensors are merged as transformers merges them."""
 
     def __init__(self, hf_dir: Path):
-        from dlr_jax.convert import _Reader, _tensor_index
-
-        self.index = _tensor_index(hf_dir)
-        self.read = _Reader(self.index)
+        self.index = tensor_index(hf_dir)
+        self.read = TensorReader(self.index)
         self.used: set[str] = set()
         self.names: dict[str, list[str]] = {}  # in-memory name -> disk names
         self.merged: set[str] = set()  # names assembled from per-expert tensors

@@ -8,10 +8,11 @@ import pytest
 import torch
 from flax import nnx
 
-from dlr_jax.convert import load_hf, main
+from dlr_jax.convert import load_hf
+from dlr_jax.convert.cli import main
+from dlr_jax.convert.ocr2 import load_ocr2_orbax
+from dlr_jax.convert.ocr2_names import HFTensors, to_disk_names
 from dlr_jax.models.ocr2 import Ocr2Model
-from dlr_jax.ocr2_convert import load_ocr2_orbax
-from dlr_jax.ocr2_names import _Tensors, to_disk_names
 from tests.hf_fixtures import build_tiny_ocr2
 
 TOL = 1e-4
@@ -47,7 +48,7 @@ def test_in_memory_and_disk_names_read_the_same(tmp_path):
     save_file(mem, str(tmp_path / "model.safetensors"))
     (tmp_path / "disk").mkdir()
     save_file(to_disk_names(mem), str(tmp_path / "disk" / "model.safetensors"))
-    a, b = _Tensors(tmp_path), _Tensors(tmp_path / "disk")
+    a, b = HFTensors(tmp_path), HFTensors(tmp_path / "disk")
     assert set(a) == set(b) == set(mem)
     for name, x in mem.items():
         np.testing.assert_array_equal(a[name], x, err_msg=name)

@@ -38,16 +38,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 from flax import nnx
 
-from dlr_jax import bench
+from dlr_jax.bench import common
 from dlr_jax.config import ModelConfig, TrainConfig, from_dict
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = REPO / "configs" / "tiny.yaml"
+DEMO_CONFIG = common.TINY_CONFIG
 DEMO_VOCAB = 896  # the demo's latent LM: 384 text rows + 512 latent rows (tiny.yaml)
 LEARNING_RATE = 1e-3
 WEIGHT_DECAY = 0.01
@@ -85,13 +83,13 @@ CASES = ("tiny", "demo", "small", "medium")
 
 
 def train_cases() -> dict[str, TrainCase]:
-    s = bench.SIZES
+    s = common.SIZES
     return {
-        "tiny": TrainCase("tiny", bench.model_config(s["tiny"]), 4, 16, "smoke tests only"),
+        "tiny": TrainCase("tiny", common.model_config(s["tiny"]), 4, 16, "smoke tests only"),
         "demo": TrainCase("demo", demo_model_config(), 32, 112, f"the `model:` section of configs/tiny.yaml, "
                           f"vocab {DEMO_VOCAB}, the demo's SFT batch"),
-        "small": TrainCase("small", bench.model_config(s["small"]), 16, 128, "bench.py's small size"),
-        "medium": TrainCase("medium", bench.model_config(s["medium"]), 8, 256, "bench.py's medium size"),
+        "small": TrainCase("small", common.model_config(s["small"]), 16, 128, "the sampling benchmark's small size"),
+        "medium": TrainCase("medium", common.model_config(s["medium"]), 8, 256, "the sampling benchmark's medium size"),
     }
 
 
@@ -207,10 +205,8 @@ def our_forward(trainer: Any) -> Callable[[Mapping[str, np.ndarray]], float]:
 def step_flops(trainer: Any, batch: Mapping[str, np.ndarray], compile: bool = True) -> tuple[float, float, str]:
     """(XLA-counted FLOPs of one train step, seconds to lower + compile it once more, its optimised
     HLO text). Without `compile`: the FLOPs of the unoptimised lowering, nan seconds, no HLO."""
-    dev = trainer._device_batch(batch)
     t0 = time.perf_counter()
-    lowered = trainer._step_fn.lower(trainer.params, trainer.rest, trainer.opt_state, dev, trainer.rng,
-                                     jnp.asarray(0, jnp.int32))
+    lowered = trainer.lower_step(batch)
     compiled = lowered.compile() if compile else None
     seconds = time.perf_counter() - t0 if compile else float("nan")
     cost = (compiled or lowered).cost_analysis()
@@ -235,7 +231,7 @@ def matmul_gflops(torch_threads: Sequence[int], n: int = 1024, repeats: int = 5)
         best[name] = float("inf")
     for _ in range(repeats):
         for name, fn in runs.items():
-            best[name] = min(best[name], bench._timed(fn)[0])
+            best[name] = min(best[name], common.timed(fn)[0])
     return {name: 2 * n**3 / t / 1e9 for name, t in best.items()}
 
 
@@ -354,7 +350,7 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
     for the op-time breakdown."""
     from dlr_jax.convert import load_hf
 
-    threads = threads or bench.cpu_threads()
+    threads = threads or common.cpu_threads()
     counts = sorted({threads, 1}, reverse=True)
     sides = (OURS, *(torch_side(n) for n in counts))
     batch = sft_batch(case.batch, case.seq, case.model.vocab_size, seed)
@@ -374,7 +370,7 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
         fwd_gap = max(abs(fwd[OURS]() - fwd[s]()) for s in refs)  # also compiles our forward
         first_s, losses = {}, {}
         for s in sides:
-            first_s[s], loss = bench._timed(step[s])
+            first_s[s], loss = common.timed(step[s])
             losses[s] = [loss]
         log(f"train[{case.name}]: first step " + ", ".join(f"{s} {first_s[s]:.2f}s" for s in sides)
             + f"; loss {losses[OURS][0]:.5f}")
@@ -382,10 +378,10 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
         fwd_s: dict[str, list[float]] = {s: [] for s in sides}
         for r in range(repeats):  # interleaved so load spikes hit all sides alike
             for s in sides if r % 2 == 0 else sides[::-1]:
-                dt, loss = bench._timed(step[s])
+                dt, loss = common.timed(step[s])
                 step_s[s].append(dt)
                 losses[s].append(loss)
-                fwd_s[s].append(bench._timed(fwd[s])[0])
+                fwd_s[s].append(common.timed(fwd[s])[0])
             log(f"train[{case.name}]: repeat {r + 1}/{repeats}: step " + ", ".join(
                 f"{s} {step_s[s][-1]:.3f}s" for s in sides) + "; forward " + ", ".join(
                 f"{s} {fwd_s[s][-1]:.3f}s" for s in sides) + f"; loss {losses[OURS][-1]:.5f}")
@@ -508,7 +504,7 @@ def interpret_train(res: TrainStepResult) -> str:
 
 def render_train(results: Sequence[TrainStepResult], command: str, info: dict[str, str]) -> str:
     first = results[0]
-    lines = bench._header("SFT train step: dlr_jax Trainer vs PyTorch (transformers + AdamW)", command, info) + [
+    lines = common.header("SFT train step: dlr_jax Trainer vs PyTorch (transformers + AdamW)", command, info) + [
         "Both sides train the same random Llama (a `transformers` `LlamaForCausalLM` saved, then imported "
         "with `dlr_jax.convert.load_hf`), fp32, on the same SFT-shaped batch (right-padded rows; prompt "
         "tokens are not targets; segment ids 1 / 0 on padding, no packing, as `transformers` needs). Loss: "
@@ -535,7 +531,8 @@ def render_train(results: Sequence[TrainStepResult], command: str, info: dict[st
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--train-cases", default="demo,medium",
                     help="train benchmark: comma-separated cases of " + ", ".join(CASES)
-                    + " (demo: configs/tiny.yaml's model, batch 32 x 112; medium: bench.py's medium size, 8 x 256)")
+                    + " (demo: configs/tiny.yaml's model, batch 32 x 112; medium: the sampling benchmark's medium "
+                    "size, 8 x 256)")
     ap.add_argument("--train-repeats", type=int, default=5, help="train benchmark: timed steps per side (>= 1)")
 
 

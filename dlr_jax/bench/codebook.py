@@ -9,7 +9,7 @@ depend on the weights), one epoch of the stage's own batch plan (`render_pipelin
 config's font distribution, canvas sides bucketed, batch = codebook.train.batch_size) is run through,
 repeat by repeat interleaved in one process:
 
-- render: `render_pipeline._render_train_batch` (what each grain worker calls: draw + targets) on
+- render: `render_pipeline.render_train_batch` (what each grain worker calls: draw + targets) on
   this thread alone, so images/s = images/s per core;
 - encoder + VQ: the jitted `codebook_model.jit_encode` (H and nearest ids back on the host) per
   batch, as export runs it;
@@ -40,14 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dlr_jax import bench
+from dlr_jax.bench import common
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "configs" / "tiny.yaml"
+DEFAULT_CONFIG = common.TINY_CONFIG
 PHASES = ("render", "encode", "train_alpha", "train", "live")
 CONSUMERS = ("encode", "train_alpha", "train")  # what rendering must keep up with
 LABELS = {
-    "render": "render, 1 thread (`_render_train_batch`)",
+    "render": "render, 1 thread (`render_train_batch`)",
     "encode": "encoder + nearest-code VQ (`jit_encode`)",
     "train_alpha": "train step, alpha > 0 (decoder on [H_st ; H])",
     "train": "train step, alpha = 0 (decoder on H_st)",
@@ -129,7 +128,7 @@ def bench_codebook(cfg: Any, texts: list[str], *, repeats: int = 3, phases: Sequ
     plan = rp.BatchPlan(texts, batch_size=tcfg.batch_size, seed=cfg.run.seed, config=rp.render_config(cb),
                         max_text_len=cb.max_text_len)
     epoch = range(len(plan))
-    render = lambda i: rp._render_train_batch(i, None, plan=plan, rows=slice(None))  # noqa: E731
+    render = lambda i: rp.render_train_batch(i, None, plan=plan, rows=slice(None))  # noqa: E731
     batches = [render(i) for i in epoch]
     sides = [b["images"].shape[1] for b in batches]
     log(f"codebook: {len(texts)} CoTs, {len(plan)} batches of {tcfg.batch_size} per epoch, "
@@ -172,7 +171,7 @@ def bench_codebook(cfg: Any, texts: list[str], *, repeats: int = 3, phases: Sequ
             nonlocal last_loss
             total = 0.0
             for i in indices:
-                dt, out = bench._timed(lambda i=i: per_batch[phase](i))
+                dt, out = common.timed(lambda i=i: per_batch[phase](i))
                 total += dt
                 if phase.startswith(("train", "live")):
                     last_loss = out
@@ -210,7 +209,7 @@ def bench_codebook(cfg: Any, texts: list[str], *, repeats: int = 3, phases: Sequ
 def render_section(res: CodebookBenchResult, command: str, info: dict[str, str]) -> str:
     sides = sorted(res.sides)
     fmt = lambda xs: ", ".join(f"{res.images / x:.0f}" for x in xs)
-    lines = bench._header("Codebook stage: render throughput vs encoder + VQ and train step", command, info) + [
+    lines = common.header("Codebook stage: render throughput vs encoder + VQ and train step", command, info) + [
         f"Config: `{res.config}` `codebook:` section ({res.describe}; {res.params / 1e6:.2f}M params, random "
         f"init, fp32). Data: {res.examples} {res.corpus} CoTs in the stage's batch plan (font size drawn per "
         f"CoT from the config's clipped Gaussian; canvases bucketed by side), one epoch = "
@@ -324,7 +323,7 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
     cfg = load_config(args.codebook_config, args.codebook_set)
     texts = load_corpus(args.codebook_corpus, args.codebook_examples)
     try:
-        name = str(Path(args.codebook_config).resolve().relative_to(REPO))
+        name = str(Path(args.codebook_config).resolve().relative_to(common.REPO))
     except ValueError:
         name = str(args.codebook_config)
     name += "".join(f" --codebook-set {o}" for o in args.codebook_set)

@@ -12,11 +12,14 @@ import pytest
 import torch
 
 from dlr_jax import convert
+from dlr_jax.convert import cli as convert_cli
+from dlr_jax.convert.workdir_export import prepare_out_dir
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import load_stage_model, save_stage_model
 from dlr_jax.hf_config import ConversionError
-from dlr_jax.hf_export import prepare_out_dir
 from tests.hf_fixtures import hf_logits, random_ids, save_tiny_hf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def tiny_hf(tmp_path_factory):
 def test_to_hf_refuses_a_non_empty_dir_and_force_removes_stale_shards(tiny_hf, tmp_path):
     src, hf = tiny_hf
     ck = tmp_path / "ck"
-    convert.main(["--from-hf", str(src), "--out", str(ck), "--mesh", "data=1,fsdp=1,tensor=1"])
+    convert_cli.main(["--from-hf", str(src), "--out", str(ck), "--mesh", "data=1,fsdp=1,tensor=1"])
     out = tmp_path / "out"
     out.mkdir()
     # what an earlier, sharded export of another model left behind
@@ -39,8 +42,9 @@ def test_to_hf_refuses_a_non_empty_dir_and_force_removes_stale_shards(tiny_hf, t
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
     (out / "notes.txt").write_text("mine")
     with pytest.raises(SystemExit, match="not empty .*--force"):
-        convert.main(["--to-hf", "--from-orbax", str(ck), "--out", str(out), "--mesh", "data=1,fsdp=1,tensor=1"])
-    convert.main(["--to-hf", "--from-orbax", str(ck), "--out", str(out), "--force", "--mesh", "data=1,fsdp=1,tensor=1"])
+        convert_cli.main(["--to-hf", "--from-orbax", str(ck), "--out", str(out), "--mesh", "data=1,fsdp=1,tensor=1"])
+    convert_cli.main(["--to-hf", "--from-orbax", str(ck), "--out", str(out), "--force",
+                      "--mesh", "data=1,fsdp=1,tensor=1"])
     names = sorted(p.name for p in out.iterdir())
     assert "model.safetensors.index.json" not in names and not any(n.startswith("model-0") for n in names)
     assert "notes.txt" in names  # not ours: left alone
@@ -106,10 +110,10 @@ def sft_workdir(tmp_path_factory):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", MICRO)
     w = tmp_path_factory.mktemp("wd")
     common.prepare_workdir(cfg, w)
-    tok = common.get_tokenizer(cfg, w, common.load_examples(cfg, "train"))
+    tok = common.get_tokenizer(cfg, w, load_examples(cfg, "train"))
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     backbone = common.new_backbone(cfg, tok, mesh)
-    common.save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
+    save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
     lm = new_latent_lm(cfg, w, tok, mesh)
     # A fresh micro LM (std 0.02 everywhere) greedily repeats one token; these weights (layers at
     # ~1/sqrt(d), latent output rows scaled to compete with the text rows) give outputs that switch
@@ -122,7 +126,7 @@ def sft_workdir(tmp_path_factory):
     lm.backbone.embed.set_value(lm.backbone.embed[...] * 2.0)
     lm.p_out.kernel.set_value(lm.p_out.kernel[...] * 0.1)
     lm.p_out.bias.set_value(lm.p_out.bias[...] * 0.0)
-    common.save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
+    save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
     return cfg, w, tok
 
 
@@ -133,13 +137,12 @@ def test_exported_latent_lm_generates_like_our_sampler(sft_workdir, tmp_path):
     from dlr_jax.data.formats import prompt_ids
     from dlr_jax.sampling import Sampler
     from dlr_jax.sharding import make_mesh
-    from dlr_jax.stages import common
 
     cfg, w, tok = sft_workdir
     out = tmp_path / "hf"
-    assert convert.main(["--to-hf", "--from-workdir", str(w), "--stage", "sft", "--out", str(out)]) is None
-    lm = common.load_stage_model(w, "sft", mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))[0]
-    questions = [ex.question for ex in common.load_examples(cfg, "test")[:8]]
+    assert convert_cli.main(["--to-hf", "--from-workdir", str(w), "--stage", "sft", "--out", str(out)]) is None
+    lm = load_stage_model(w, "sft", mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))[0]
+    questions = [ex.question for ex in load_examples(cfg, "test")[:8]]
     prompts = [prompt_ids(tok, q) for q in questions]
     n_new = 24
     ours = Sampler(lm, prompt_bucket=16).generate(prompts, max_new_tokens=n_new, temperature=0.0,

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import yaml
 
-from dlr_jax import bench, bench_train
+from dlr_jax.bench import cli, common
+from dlr_jax.bench import train as bench_train
 
 # -- batch --------------------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ def test_bench_train_sides_agree_step_for_step(result):
 
 
 def test_render_train_reports_both_ratios_and_the_verdict(result):
-    info = bench.machine_info()
+    info = common.machine_info()
     text = bench_train.render_train([result], "python -m dlr_jax.bench --only train", info)
     assert text.startswith("## SFT train step") and info["cpu"] in text
     assert "| dlr_jax Trainer (XLA, 2 threads) | PyTorch (2 threads) | PyTorch (1 thread) |" in text
@@ -125,7 +126,7 @@ def test_render_train_explains_a_miss_from_the_profile(result):
         top_ops=[("copy_bitcast_fusion.8", 0.4, "f32[384,3584]", "jit(step_fn)/transpose(jvp())/jit(silu)"),
                  ("ynn_fusion.1", 0.1, "f32[3584,384]", "jit(step_fn)/jvp()/dot_general")],
     )
-    text = bench_train.render_train([slow], "cmd", bench.machine_info())
+    text = bench_train.render_train([slow], "cmd", common.machine_info())
     assert "(target >= 1.0x: missed)" in text and "misses the 1.0x target" in text
     assert "Our XLA op time is 20% matmuls, 50% transposing copies, 10% broadcasts" in text
     assert ("1 of the 2 costliest ops are backward ops: `copy_bitcast_fusion.8` (`jit(silu)` gradient "
@@ -143,7 +144,7 @@ def test_main_writes_the_train_section(tmp_path, monkeypatch, result):
     monkeypatch.setattr(bench_train, "bench_train", fake)
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("# Benchmarks\n\nkept\n")
-    bench.main(["--out", str(out), "--only", "train", "--train-cases", "tiny,demo", "--train-repeats", "3"])
+    cli.main(["--out", str(out), "--only", "train", "--train-cases", "tiny,demo", "--train-repeats", "3"])
     text = out.read_text()
     assert seen == [("tiny", 3), ("demo", 3)]
     assert text.startswith("# Benchmarks\n\nkept\n") and text.count("<!-- bench:train -->") == 1
@@ -156,5 +157,5 @@ def test_train_flags_are_checked_before_anything_runs(tmp_path):
     assert "unknown case" in bench_train.check_arguments(ns("demo,huge", 5))
     assert ">= 1" in bench_train.check_arguments(ns("demo", 0))
     with pytest.raises(SystemExit):
-        bench.main(["--out", str(tmp_path / "x.md"), "--only", "train", "--train-cases", "nope"])
+        cli.main(["--out", str(tmp_path / "x.md"), "--only", "train", "--train-cases", "nope"])
     assert not (tmp_path / "x.md").exists()

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax import bench
+from dlr_jax.bench import cli, common
+from dlr_jax.bench import compile as compile_bench
+from dlr_jax.bench import sampling as sampling_bench
 from dlr_jax.models.transformer import Transformer
 
-TINY = bench.SIZES["tiny"]
+TINY = common.SIZES["tiny"]
 
 
 # -- BENCHMARKS.md sections ----------------------------------------------------------------------
@@ -24,20 +26,20 @@ OTHER = "<!-- bench:sft -->\n## SFT\n| a | b |\n<!-- /bench:sft -->\n"
 
 def test_update_section_appends_then_replaces_and_keeps_the_rest():
     text = "# Benchmarks\n\nHand-written note.\n\n" + OTHER + "trailing line, no newline"
-    once = bench.update_section(text, "compile", "## Compile\nv1\n")
+    once = common.update_section(text, "compile", "## Compile\nv1\n")
     assert once.startswith(text + "\n")  # appended, nothing before it changed
     assert once.count("<!-- bench:compile -->") == 1 and "v1" in once
-    twice = bench.update_section(once, "compile", "## Compile\nv2")
+    twice = common.update_section(once, "compile", "## Compile\nv2")
     assert "v1" not in twice and "v2\n<!-- /bench:compile -->\n" in twice
     assert twice.replace("v2", "v1") == once  # only the body changed
     assert OTHER in twice and "Hand-written note." in twice
     # A section in the middle is replaced in place; what follows it stays put.
-    mid = bench.update_section(twice, "sft", "## SFT\nnew")
+    mid = common.update_section(twice, "sft", "## SFT\nnew")
     assert mid.index("## SFT\nnew") < mid.index("## Compile") and "| a | b |" not in mid
 
 
 def test_update_section_on_empty_text():
-    out = bench.update_section("", "sampling", "body")
+    out = common.update_section("", "sampling", "body")
     assert out == "<!-- bench:sampling -->\nbody\n<!-- /bench:sampling -->\n"
 
 
@@ -51,53 +53,53 @@ def test_update_section_on_empty_text():
 )
 def test_update_section_rejects_broken_markers_with_file_and_line(text, line, what):
     with pytest.raises(ValueError, match=rf"^BM\.md:{line}: .*{what}"):
-        bench.update_section(text, "compile", "body", source="BM.md")
+        common.update_section(text, "compile", "body", source="BM.md")
 
 
 def test_write_section_creates_file_with_preamble(tmp_path):
     out = tmp_path / "B.md"
-    bench.write_section(out, "compile", "## C\n")
+    common.write_section(out, "compile", "## C\n")
     text = out.read_text()
-    assert text.startswith(bench.PREAMBLE) and text.endswith("<!-- /bench:compile -->\n")
+    assert text.startswith(common.PREAMBLE) and text.endswith("<!-- /bench:compile -->\n")
 
 
 def test_parse_only():
-    assert bench.parse_only("compile, sampling") == ["compile", "sampling"]
+    assert cli.parse_only("compile, sampling") == ["compile", "sampling"]
     with pytest.raises(argparse.ArgumentTypeError, match="sft"):
-        bench.parse_only("sampling,sft")
+        cli.parse_only("sampling,sft")
 
 
 def test_token_agreement():
     a = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])
     b = np.array([[1, 2, 0, 4], [5, 6, 7, 8]])
-    frac, rows, prefix = bench.token_agreement(a, b)
+    frac, rows, prefix = sampling_bench.token_agreement(a, b)
     assert frac == 7 / 8 and rows == 1 and prefix == (2 + 4) / 2
     with pytest.raises(ValueError, match="shape"):
-        bench.token_agreement(a, b[:, :3])
+        sampling_bench.token_agreement(a, b[:, :3])
 
 
 # -- compile benchmark -------------------------------------------------------------------------
 
 
 def test_unrolled_forward_matches_scanned_model():
-    cfg = bench.model_config(TINY, 3)
+    cfg = common.model_config(TINY, 3)
     # Initialised under one jit: eager init dispatches (and compiles) every random op on its own.
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(1))))
     state = jax.jit(lambda: nnx.state(Transformer(cfg, rngs=nnx.Rngs(1))))()
     ids = jnp.asarray(np.random.default_rng(0).integers(0, TINY.vocab, (2, 7)), jnp.int32)
     scanned = jax.jit(lambda st, x: nnx.merge(graphdef, st)(x))(state, ids)
-    unrolled = jax.jit(lambda st, x: bench.unrolled_forward(nnx.merge(graphdef, st), x))(state, ids)
+    unrolled = jax.jit(lambda st, x: compile_bench.unrolled_forward(nnx.merge(graphdef, st), x))(state, ids)
     assert float(jnp.std(scanned)) > 1e-3  # random logits, not a degenerate constant
     np.testing.assert_allclose(np.asarray(unrolled), np.asarray(scanned), rtol=1e-5, atol=1e-5)
 
 
 def test_time_compile_uses_a_fresh_function_each_time():
-    cfg = bench.model_config(TINY, 2)
-    fwd_a = bench._forward(nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0], "scan")
-    fwd_b = bench._forward(nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0], "scan")
+    cfg = common.model_config(TINY, 2)
+    fwd_a = compile_bench._forward(nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0], "scan")
+    fwd_b = compile_bench._forward(nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0], "scan")
     assert fwd_a is not fwd_b  # jax caches by function identity: a reused one would not recompile
     for variant in ("scan", "unrolled"):
-        lower_s, compile_s = bench.time_compile(cfg, variant, batch=2, seq=8)
+        lower_s, compile_s = compile_bench.time_compile(cfg, variant, batch=2, seq=8)
         assert lower_s > 0 and compile_s > 0
 
 
@@ -105,13 +107,13 @@ def test_time_compile_uses_a_fresh_function_each_time():
 
 
 @pytest.fixture(scope="module")
-def sampling_result() -> bench.SamplingResult:
-    return bench.bench_sampling(TINY, batch=3, prompt_len=8, new_tokens=5, repeats=1, log=lambda _: None)
+def sampling_result() -> sampling_bench.SamplingResult:
+    return sampling_bench.bench_sampling(TINY, batch=3, prompt_len=8, new_tokens=5, repeats=1, log=lambda _: None)
 
 
 def test_bench_sampling_runs_both_sides_on_the_same_weights(sampling_result):
     res = sampling_result
-    assert res.tokens == 15 and res.threads == bench.cpu_threads()
+    assert res.tokens == 15 and res.threads == common.cpu_threads()
     assert len(res.ours_s) == len(res.hf_s) == len(res.ours_prefill_s) == len(res.hf_prefill_s) == 1
     assert all(t > 0 for t in res.ours_s + res.hf_s) and res.ours_tps > 0 and res.hf_tps > 0
     # Identical fp32 weights and greedy decoding: a tiny model's tokens agree everywhere.
@@ -122,8 +124,8 @@ def test_bench_sampling_runs_both_sides_on_the_same_weights(sampling_result):
 
 
 def test_render_sampling_has_the_table_and_verdict(sampling_result):
-    info = bench.machine_info()
-    text = bench.render_sampling(sampling_result, "python -m dlr_jax.bench", info)
+    info = common.machine_info()
+    text = sampling_bench.render_sampling(sampling_result, "python -m dlr_jax.bench", info)
     assert text.startswith("## Greedy sampling") and info["cpu"] in text and "transformers" in info["versions"]
     assert f"{sampling_result.ours_tps:,.0f}" in text and "| decode step ms" in text
     assert ("meets" in text) == (sampling_result.ours_tps / sampling_result.hf_tps >= 3)
@@ -138,7 +140,7 @@ def test_main_updates_only_its_section(tmp_path, capsys):
     out.write_text("# Benchmarks\n\n" + OTHER)
     argv = ["--out", str(out), "--only", "compile", "--size", "tiny", "--repeats", "1",
             "--compile-layers", "1,2", "--batch", "2", "--prompt-len", "8"]
-    bench.main(argv)
+    cli.main(argv)
     first = out.read_text()  # re-runs replace the section: test_update_section_appends_then_replaces...
     assert first.startswith("# Benchmarks\n\n" + OTHER)
     assert "## Compile time: 2-layer vs 1-layer forward" in first and "| scanned" in first
@@ -149,7 +151,7 @@ def test_main_updates_only_its_section(tmp_path, capsys):
 
 def test_main_rejects_bad_flags(tmp_path):
     with pytest.raises(SystemExit):
-        bench.main(["--out", str(tmp_path / "x.md"), "--only", "nope"])
+        cli.main(["--out", str(tmp_path / "x.md"), "--only", "nope"])
     with pytest.raises(SystemExit):
-        bench.main(["--out", str(tmp_path / "x.md"), "--compile-layers", "4"])
+        cli.main(["--out", str(tmp_path / "x.md"), "--compile-layers", "4"])
     assert not (tmp_path / "x.md").exists()

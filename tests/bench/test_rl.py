@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from dlr_jax import bench, bench_rl
+from dlr_jax.bench import cli
+from dlr_jax.bench import rl as bench_rl
 
 MICRO = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
@@ -28,7 +29,7 @@ def test_cli_writes_the_section_with_sane_numbers(tmp_path):
     out = tmp_path / "B.md"
     out.write_text("notes above\n")
     argv = ["--out", str(out), "--only", "rl", "--repeats", "1", *[a for o in MICRO for a in ("--rl-set", o)]]
-    bench.main(argv)
+    cli.main(argv)
     text = out.read_text()
     assert text.startswith("notes above\n")
     body = text.split("<!-- bench:rl -->\n", 1)[1].split("<!-- /bench:rl -->", 1)[0]
@@ -80,7 +81,7 @@ def test_shares_rates_and_verdict_follow_the_step_metrics():
 
 def test_bad_arguments_are_rejected(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--only", "rl", "--rl-workdir", str(tmp_path)])
+        cli.main(["--only", "rl", "--rl-workdir", str(tmp_path)])
     assert "no config.yaml" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="sft stage finished"):
         bench_rl.link_workdir(tmp_path, tmp_path / "scratch")

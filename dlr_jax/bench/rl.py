@@ -34,10 +34,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from dlr_jax import bench
+from dlr_jax.bench import common
+from dlr_jax.data.sources import load_examples
+from dlr_jax.handoff import save_stage_model
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "configs" / "tiny.yaml"
+DEFAULT_CONFIG = common.TINY_CONFIG
 PHASES = ("rollout", "score", "rewards", "update")
 LINKED = ("tokenizer", "textsft_cot", "sft", "codebook")  # what the rl stage reads from a workdir
 # The benchmark's own bookkeeping: no reward-curve evaluation, no progress bar, synchronous checkpoints and
@@ -99,16 +100,16 @@ class RLBenchResult:
 
 def random_workdir(cfg: Any, workdir: Path) -> None:
     """Writes what stage rl reads (tokenizer, textsft_cot/final, sft/final) from untrained models."""
-    from dlr_jax.stages import common
+    from dlr_jax.stages import common as stage_common
     from dlr_jax.stages.latent_common import new_latent_lm
 
-    common.prepare_workdir(cfg, workdir)
-    tok = common.get_tokenizer(cfg, workdir, common.load_examples(cfg, cfg.data.train_split))
-    mesh = common.make_mesh_for(cfg)
-    backbone = common.new_backbone(cfg, tok, mesh)
-    common.save_stage_model(backbone, workdir, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
+    stage_common.prepare_workdir(cfg, workdir)
+    tok = stage_common.get_tokenizer(cfg, workdir, load_examples(cfg, cfg.data.train_split))
+    mesh = stage_common.make_mesh_for(cfg)
+    backbone = stage_common.new_backbone(cfg, tok, mesh)
+    save_stage_model(backbone, workdir, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
     lm = new_latent_lm(cfg, workdir, tok, mesh)
-    common.save_stage_model(lm, workdir, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
+    save_stage_model(lm, workdir, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
 
 
 def link_workdir(trained: Path, workdir: Path) -> None:
@@ -124,7 +125,7 @@ def link_workdir(trained: Path, workdir: Path) -> None:
 def random_decoder(cfg: Any) -> Any:
     """A random-init OCR decoder of the config's `codebook:` section (for timing r_proc only)."""
     from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-    from dlr_jax.stages.export import LatentDecoder
+    from dlr_jax.stages.codebook_models import LatentDecoder
 
     model = build_codebook_model(CodebookModelConfig.from_config(cfg), seed=cfg.run.seed)
     return LatentDecoder(model, batch_size=cfg.codebook.eval_batch_size)
@@ -180,7 +181,7 @@ def render_section(res: RLBenchResult, command: str, info: dict[str, str]) -> st
     warm = res.history[0]
     fmt = lambda key: ", ".join(f"{h[key]:.3f}" for h in res.timed)
     mean = lambda key: float(np.mean([h[key] for h in res.timed]))
-    lines = bench._header("Latent GRPO step: rollout tokens/s and time split", command, info) + [
+    lines = common.header("Latent GRPO step: rollout tokens/s and time split", command, info) + [
         f"Config: `{res.config}` ({res.source}): policy {res.model}, {res.params / 1e6:.2f}M params, fp32. "
         f"One RL step = {res.prompts} prompts x G = {res.group} rollouts (T = 1, at most {res.max_new_tokens} new "
         f"tokens, `</latent>` forced after {res.max_latents} latents), old"
@@ -263,7 +264,7 @@ def config_for(args: argparse.Namespace) -> tuple[Any, str]:
     path = args.rl_workdir / "config.yaml" if args.rl_workdir is not None else Path(args.rl_config)
     overrides: Sequence[str] = [*args.rl_set, *FIXED]
     try:
-        name = str(path.resolve().relative_to(REPO))
+        name = str(path.resolve().relative_to(common.REPO))
     except ValueError:
         name = str(path)
     return load_config(path, overrides), name + "".join(f" --rl-set {o}" for o in args.rl_set)

@@ -19,7 +19,7 @@ sft|rl|align|textsft_cot|textsft_direct --out DIR`) writes a standard `transform
 
 `prepare_out_dir` refuses a non-empty output directory unless `force`, and then removes what an
 earlier export left (shards and index that `from_pretrained` would otherwise mix with the new ones).
-`check_finite` makes a NaN/Inf tensor a one-line error naming the file and tensor.
+`tensors.check_finite` makes a NaN/Inf tensor a one-line error naming the file and tensor.
 """
 
 from __future__ import annotations
@@ -35,7 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from dlr_jax.checkpoint import read_meta
+from dlr_jax.convert.decoder import abstract_model, save_hf
+from dlr_jax.convert.tensors import check_finite, path_str
+from dlr_jax.handoff import load_stage_model
 from dlr_jax.hf_config import ConversionError
+from dlr_jax.tokens import BOUNDARY_TOKENS
+from dlr_jax.workdir import final_dir
 
 # Files an export writes; with --force these (and any other shard) go before writing.
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -58,20 +64,6 @@ def prepare_out_dir(out: str | Path, *, force: bool) -> Path:
             shutil.rmtree(p)
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def check_finite(x: np.ndarray, name: str, where: str | Path) -> None:
-    if x.dtype.kind == "f" or str(x.dtype) == "bfloat16":
-        bad = int(np.size(x) - np.count_nonzero(np.isfinite(np.asarray(x, np.float32))))
-        if bad:
-            raise ConversionError(f"{where}: tensor {name!r} has {bad} non-finite value(s) (NaN/Inf)")
-
-
-def unreadable(file: str | Path, e: Exception, name: str | None = None) -> ConversionError:
-    """One line for a safetensors file (or tensor) that cannot be read: usually a truncated copy."""
-    what = f"tensor {name!r} cannot be read" if name else "not a readable safetensors file"
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return ConversionError(f"{file}: {what} (truncated or corrupt?): {first}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -103,8 +95,6 @@ def hf_tokenizer_files(tok: Any, out: Path, *, with_latents: bool, max_length: i
     specials = {"pad_token": tok.pad_token, "eos_token": tok.eos_token}
     if tok.bos_token is not None:
         specials["bos_token"] = tok.bos_token
-    from dlr_jax.tokens import BOUNDARY_TOKENS
-
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_length,
          "clean_up_tokenization_spaces": False, "additional_special_tokens": list(BOUNDARY_TOKENS), **specials},
@@ -122,8 +112,6 @@ def _host(x: Any) -> np.ndarray:
 
 def latent_lm_as_transformer(lm: Any):
     """(ModelConfig, Transformer) of a LatentLM with its latent rows materialised (module doc)."""
-    from dlr_jax.convert import _path_str, abstract_model
-
     c, bb = lm.latent_cfg, lm.backbone
     vb, d, v = bb.cfg.vocab_size, bb.cfg.hidden_size, c.total_vocab_size
     if vb > c.latent_offset:
@@ -139,9 +127,9 @@ def latent_lm_as_transformer(lm: Any):
     head[:, lat] = _host(lm.latent_rows("out")).T
     cfg = dataclasses.replace(bb.cfg, vocab_size=v, tie_embeddings=False, param_dtype="float32")
     graphdef, state = abstract_model(cfg)
-    src = {_path_str(p): var for p, var in nnx.to_flat_state(nnx.state(bb))}
+    src = {path_str(p): var for p, var in nnx.to_flat_state(nnx.state(bb))}
     for path, var in nnx.to_flat_state(state):
-        key = _path_str(path)
+        key = path_str(path)
         value = {"embed": embed, "lm_head": head}.get(key)
         var.set_value(jnp.asarray(value) if value is not None else
                       jnp.asarray(_host(src[key].get_value()), var.get_value().dtype))
@@ -151,19 +139,16 @@ def latent_lm_as_transformer(lm: Any):
 def export_stage(workdir: str | Path, stage: str, out: str | Path, *, force: bool = False,
                  dtype: str | None = None) -> Path:
     """Writes `<workdir>/<stage>/final` as a transformers checkpoint + tokenizer in `out`."""
-    from dlr_jax.checkpoint import read_meta
-    from dlr_jax.convert import save_hf
     from dlr_jax.sharding import make_mesh
-    from dlr_jax.stages import common
 
-    d = common.final_dir(workdir, stage)
+    d = final_dir(workdir, stage)
     if not (d / "meta.json").is_file():
         raise ConversionError(f"{d}: stage {stage!r} has not finished in {workdir} (no final/meta.json)")
     kind = read_meta(d)["kind"]
     if kind not in ("latent_lm", "backbone"):
         raise ConversionError(f"{d}: a {kind!r} model has no Hugging Face causal-LM form")
     out = prepare_out_dir(out, force=force)
-    model, tok, _ = common.load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    model, tok, _ = load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))
     if kind == "latent_lm":
         suppress = [int(i) for i in np.flatnonzero(~model.vocab_mask())]
         cfg, model = latent_lm_as_transformer(model)

@@ -1,6 +1,6 @@
 """A table of plans (`dlr_jax.plan`) for several configs, stages and devices, written to BENCHMARKS.md.
 
-    JAX_PLATFORMS=cpu python -m dlr_jax.plan_report --configs configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml \\
+    JAX_PLATFORMS=cpu python -m dlr_jax.bench.plan_report --configs configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml \\
         --stages sft,rl,rollout --devices h100,tpu-v5p --out BENCHMARKS.md
 
 Each cell is one deviceless compile (`plan.plan_once`); `--jsonl F` also keeps every plan as a line of
@@ -64,9 +64,9 @@ def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dlr_jax.bench import write_section
+    from dlr_jax.bench.common import write_section
 
-    ap = argparse.ArgumentParser(prog="python -m dlr_jax.plan_report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dlr_jax.bench.plan_report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--configs", default="configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml")
     ap.add_argument("--stages", default="sft,rl,rollout")
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jsonl", type=Path, help="also write every plan here, one JSON object a line")
     ap.add_argument("--from-jsonl", type=Path, help="build the table from saved plans (each with a 'config' key)")
     a = ap.parse_args(argv)
-    command = ("JAX_PLATFORMS=cpu python -m dlr_jax.plan_report " +
+    command = ("JAX_PLATFORMS=cpu python -m dlr_jax.bench.plan_report " +
                f"--configs {a.configs} --stages {a.stages} --devices {a.devices} --mesh {a.mesh}")
     rows: list[dict[str, Any]] = []
     if a.from_jsonl:

@@ -1,0 +1,27 @@
+"""Benchmarks that write their own sections of BENCHMARKS.md.
+
+    python -m dlr_jax.bench --out BENCHMARKS.md [--only sampling,compile] [--size small|medium]
+
+One module a benchmark, all sharing `common` (sizes, timing, the machine line, section markers):
+
+- `sampling`: greedy tokens/s of `dlr_jax.sampling.Sampler` against `transformers` `generate`
+  (PyTorch CPU, KV cache) on the *same* weights: a random HF Llama is saved and imported with
+  `load_hf`, so both sides run identical fp32 parameters; the greedy tokens are compared.
+- `compile`: XLA compile time of a deep vs a shallow model forward of the same width, for the
+  scanned layer stack (and, as the reference, the same layers unrolled in Python).
+- `train`: SFT train-step tokens/s of `dlr_jax.trainer.Trainer` against PyTorch `transformers` +
+  AdamW on the same weights and batch (`--train-cases demo,medium`).
+- `codebook`: CoT rendering images/s per core against encoder + VQ and codebook train-step images/s
+  on the config's codebook networks and real GSM8K-Aug CoTs.
+- `rl`: rollout tokens/s and the time split of one latent-GRPO step, by `dlr_jax.stages.rl.run`'s
+  own `time/*` metrics.
+- `render_cache`: codebook batches images/s read from a rendered corpus (`dlr_jax.data.render_corpus`)
+  vs drawn on the fly, at the tiny config's canvas and at 1024 px.
+
+`python -m dlr_jax.bench.plan_report` writes the planner's table (`dlr_jax.plan`) the same way.
+
+Both sides of every ratio are measured in the same process, interleaved repeat by repeat, so a
+busy shared machine slows them alike; the medians are reported. Each benchmark rewrites only the
+text between its `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` markers and leaves the rest of
+the file alone (other benchmarks add their own sections).
+"""

@@ -1,0 +1,77 @@
+"""`python -m dlr_jax.bench`: benchmarks that write their own sections of BENCHMARKS.md.
+
+    python -m dlr_jax.bench --out BENCHMARKS.md [--only sampling,compile] [--size small|medium]
+
+One module a benchmark (see the package docstring); each adds its flags here and returns its
+section's text, which `common.write_section` puts between the section's markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlr_jax.bench import codebook, render_cache, rl, train
+from dlr_jax.bench.common import SIZES, machine_info, write_section
+from dlr_jax.bench.compile import bench_compile, render_compile
+from dlr_jax.bench.sampling import bench_sampling, render_sampling
+
+BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache")
+
+
+def parse_only(spec: str) -> list[str]:
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [n for n in names if n not in BENCHMARKS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown benchmark(s) {bad or spec!r}; choose from {','.join(BENCHMARKS)}")
+    return names
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m dlr_jax.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"), help="markdown file to update")
+    ap.add_argument("--only", type=parse_only, default=list(BENCHMARKS),
+                    help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all)")
+    ap.add_argument("--size", choices=sorted(SIZES), default="medium",
+                    help="model size: " + "; ".join(f"{k}: {v.describe()}" for k, v in SIZES.items()))
+    ap.add_argument("--repeats", type=int, default=3, help="timed repeats per side (median reported)")
+    ap.add_argument("--batch", type=int, default=16, help="prompts per generate call")
+    ap.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
+    ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
+    ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
+    sections = {"train": train, "codebook": codebook, "rl": rl, "render_cache": render_cache}
+    for mod in sections.values():
+        mod.add_arguments(ap)
+    args = ap.parse_args(argv)
+    for name, mod in sections.items():
+        if name in args.only and (err := mod.check_arguments(args)):
+            ap.error(err)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    try:
+        shallow, deep = (int(x) for x in args.compile_layers.split(","))
+    except ValueError:
+        ap.error(f"--compile-layers must be two integers like 4,32, got {args.compile_layers!r}")
+    size = SIZES[args.size]
+    command = " ".join(["python -m dlr_jax.bench", *(argv if argv is not None else sys.argv[1:])])
+    if argv is None and os.environ.get("MAKELEVEL"):
+        command = f"make bench  (= {command})"
+    log = lambda msg: print(msg, flush=True)
+    for name in args.only:
+        info = machine_info()
+        if name == "sampling":
+            res = bench_sampling(size, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
+                                 repeats=args.repeats, log=log)
+            body = render_sampling(res, command, info)
+        elif name in sections:
+            body = sections[name].run_section(args, command, info, log)
+        else:
+            body = render_compile(bench_compile(size, layers=(shallow, deep), batch=args.batch,
+                                                seq=args.prompt_len, repeats=args.repeats, log=log),
+                                  command, info)
+        write_section(args.out, name, body)
+        log(f"{name}: wrote section to {args.out}\n{body}")
+

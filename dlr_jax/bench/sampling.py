@@ -1,0 +1,211 @@
+"""Greedy sampling: `dlr_jax.sampling.Sampler` against `transformers` `generate` (`--only sampling`).
+
+A random HF Llama is saved and imported with `load_hf`, so both sides run identical fp32 parameters
+(PyTorch CPU with its KV cache on the other side); the greedy tokens are compared. Both sides run in
+the same process, interleaved repeat by repeat, so a busy shared machine slows them alike; the
+medians are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from dlr_jax.bench.common import Size, cpu_threads, header, timed
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingResult:
+    size: Size
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    repeats: int
+    threads: int
+    ours_s: list[float]  # seconds per generate call (prefill + decode, tokens on the host)
+    hf_s: list[float]
+    ours_first_s: float  # first call: compile + one run
+    hf_first_s: float
+    ours_prefill_s: list[float]  # the same call with max_new_tokens=1: prefill + one token
+    hf_prefill_s: list[float]
+    param_bytes: int
+    copy_gbs: float  # host memory copy bandwidth measured in the same run, for scale
+    identical_frac: float  # fraction of generated positions with the same token
+    identical_rows: int
+    mean_common_prefix: float
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.new_tokens
+
+    def step_ms(self, full: list[float], prefill: list[float]) -> float:
+        """Median decode-step time: (full call - prefill call) / the extra tokens."""
+        return 1e3 * (statistics.median(full) - statistics.median(prefill)) / max(self.new_tokens - 1, 1)
+
+    @property
+    def ours_tps(self) -> float:
+        return self.tokens / statistics.median(self.ours_s)
+
+    @property
+    def hf_tps(self) -> float:
+        return self.tokens / statistics.median(self.hf_s)
+
+
+
+def build_hf_llama(size: Size, out_dir: Path, seed: int = 0) -> Any:
+    """A random HF Llama (HF's own init) saved to `out_dir`; EOS is unset so nothing stops early."""
+    import torch
+    import transformers as tf
+
+    tf.utils.logging.disable_progress_bar()
+    torch.manual_seed(seed)
+    cfg = tf.LlamaConfig(vocab_size=size.vocab, hidden_size=size.hidden, intermediate_size=size.mlp,
+                         num_hidden_layers=size.layers, num_attention_heads=size.heads,
+                         num_key_value_heads=size.kv_heads, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    model = tf.LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(out_dir)
+    return model
+
+
+
+def copy_bandwidth_gbs(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Best-of-`repeats` host memory copy bandwidth (bytes read + written per second), in GB/s."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # first touch of `dst` pays page faults, not bandwidth
+    best = min(timed(lambda: np.copyto(dst, src))[0] for _ in range(repeats))
+    return 2 * nbytes / best / 1e9
+
+
+def token_agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, int, float]:
+    """(fraction of equal positions, rows equal throughout, mean length of the common prefix)."""
+    if a.shape != b.shape:
+        raise ValueError(f"token arrays differ in shape: {a.shape} vs {b.shape}")
+    eq = a == b
+    prefix = np.where(eq.all(1), a.shape[1], np.argmin(eq, axis=1))
+    return float(eq.mean()), int(eq.all(1).sum()), float(prefix.mean())
+
+
+def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tokens: int = 128,
+                   repeats: int = 3, threads: int | None = None, seed: int = 0,
+                   log: Callable[[str], None] = print) -> SamplingResult:
+    """Greedy generation of `batch` x `new_tokens` tokens from `batch` x `prompt_len` prompts."""
+    import torch
+
+    from dlr_jax.convert import load_hf
+    from dlr_jax.sampling import Sampler
+
+    threads = threads or cpu_threads()
+    torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = build_hf_llama(size, Path(tmp), seed)
+        _, model = load_hf(tmp)
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    prompts = np.random.default_rng(seed).integers(1, size.vocab, (batch, prompt_len)).astype(np.int32)
+    sampler = Sampler(model, prompt_bucket=prompt_len)
+    ids_t = torch.tensor(prompts, dtype=torch.long)
+
+    def ours(n: int = new_tokens) -> np.ndarray:
+        return sampler.generate(prompts, max_new_tokens=n, temperature=0.0).tokens
+
+    def theirs(n: int = new_tokens) -> np.ndarray:
+        with torch.inference_mode():
+            out = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), do_sample=False, use_cache=True,
+                              max_new_tokens=n, min_new_tokens=n, eos_token_id=None, pad_token_id=0)
+        return out[:, prompt_len:].numpy()
+
+    ours_first, ours_tok = timed(ours)
+    hf_first, hf_tok = timed(theirs)
+    ours(1), theirs(1)  # warm up the prefill-only variants (ours compiles them)
+    log(f"sampling: first calls ours {ours_first:.2f}s, transformers {hf_first:.2f}s")
+    if ours_tok.shape != (batch, new_tokens) or hf_tok.shape != (batch, new_tokens):
+        raise RuntimeError(f"expected {batch}x{new_tokens} new tokens on both sides, got ours "
+                           f"{ours_tok.shape}, transformers {hf_tok.shape}")
+    ours_s, hf_s, ours_p, hf_p = [], [], [], []
+    for r in range(repeats):  # interleaved so load spikes hit both sides alike
+        ours_s.append(timed(ours)[0])
+        hf_s.append(timed(theirs)[0])
+        ours_p.append(timed(lambda: ours(1))[0])
+        hf_p.append(timed(lambda: theirs(1))[0])
+        log(f"sampling: repeat {r + 1}/{repeats}: ours {ours_s[-1]:.2f}s (prefill {ours_p[-1]:.2f}s), "
+            f"transformers {hf_s[-1]:.2f}s (prefill {hf_p[-1]:.2f}s)")
+    frac, rows, prefix = token_agreement(ours_tok, hf_tok)
+    return SamplingResult(size, batch, prompt_len, new_tokens, repeats, threads, ours_s, hf_s, ours_first,
+                          hf_first, ours_p, hf_p, param_bytes, copy_bandwidth_gbs(), frac, rows, prefix)
+
+
+
+def render_sampling(res: SamplingResult, command: str, info: dict[str, str]) -> str:
+    med_o, med_h = statistics.median(res.ours_s), statistics.median(res.hf_s)
+    ratio = res.ours_tps / res.hf_tps
+    fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
+    step_o, step_h = res.step_ms(res.ours_s, res.ours_prefill_s), res.step_ms(res.hf_s, res.hf_prefill_s)
+    gbs = lambda ms: f"{res.param_bytes / (ms * 1e6):.1f}" if ms > 0 else "n/a"
+    lines = header("Greedy sampling: dlr_jax.sampling vs transformers generate", command, info) + [
+        f"Model: random Llama, {res.size.describe()}; fp32; the same weights on both sides (HF model "
+        "saved, then imported with `dlr_jax.convert.load_hf`). "
+        f"Batch {res.batch} prompts x {res.prompt_len} tokens, {res.new_tokens} new tokens each, greedy, "
+        f"no EOS stop ({res.tokens} generated tokens per call). Time per call = prefill + decode, tokens "
+        f"back on the host. Median of {res.repeats} repeats after one warm-up call; both sides ran in the "
+        f"same process, repeats interleaved. torch threads = {res.threads} = cores visible to XLA.",
+        "",
+        "| | dlr_jax Sampler (JAX/XLA) | transformers generate (PyTorch) |",
+        "|---|---|---|",
+        f"| tokens/s (median) | **{res.ours_tps:,.0f}** | {res.hf_tps:,.0f} |",
+        f"| seconds per call (median) | {med_o:.2f} | {med_h:.2f} |",
+        f"| seconds per call (all repeats) | {fmt(res.ours_s)} | {fmt(res.hf_s)} |",
+        f"| first call (compile + run) s | {res.ours_first_s:.2f} | {res.hf_first_s:.2f} |",
+        f"| compile / warm-up overhead s (first - median) | {res.ours_first_s - med_o:.2f} "
+        f"| {res.hf_first_s - med_h:.2f} |",
+        f"| prefill call (1 new token) s, median | {statistics.median(res.ours_prefill_s):.2f} "
+        f"| {statistics.median(res.hf_prefill_s):.2f} |",
+        f"| decode step ms ((call - prefill call) / {res.new_tokens - 1}) | {step_o:.1f} | {step_h:.1f} |",
+        f"| parameter bytes / decode step, GB/s (host copy bandwidth: {res.copy_gbs:.1f}) "
+        f"| {gbs(step_o)} | {gbs(step_h)} |",
+        "",
+        f"Speed-up: **{ratio:.2f}x** (target >= 3x). Greedy tokens identical at "
+        f"{100 * res.identical_frac:.1f}% of positions; {res.identical_rows}/{res.batch} rows identical "
+        f"throughout; mean common prefix {res.mean_common_prefix:.1f}/{res.new_tokens} tokens"
+        + (" (once a near-tie flips a token, the rest of that row follows a different prefix)."
+           if res.identical_rows < res.batch else "."),
+        "",
+        f"Interpretation: {interpret_sampling(res)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def interpret_sampling(res: SamplingResult) -> str:
+    """One line from the measured numbers: where the speed-up comes from and what bounds it."""
+    ratio = res.ours_tps / res.hf_tps
+    step_o, step_h = res.step_ms(res.ours_s, res.ours_prefill_s), res.step_ms(res.hf_s, res.hf_prefill_s)
+    pre_o, pre_h = statistics.median(res.ours_prefill_s), statistics.median(res.hf_prefill_s)
+    decode_share = 1 - pre_o / statistics.median(res.ours_s)
+    verdict = "meets" if ratio >= 3 else "misses"
+    step = f"{step_h / step_o:.1f}x" if step_o > 0 else "n/a"
+    streamed = res.param_bytes / (step_o * 1e6) if step_o > 0 else 0.0
+    if streamed > 0.5 * res.copy_gbs:
+        limits = (f"our decode step reads the weights at {streamed:.1f} GB/s, near the host's "
+                  f"{res.copy_gbs:.1f} GB/s copy bandwidth, so it is memory-bound; only smaller weights "
+                  "(bf16) would make it faster.")
+    else:
+        limits = (f"our decode step moves the weights at only {streamed:.1f} GB/s of the host's "
+                  f"{res.copy_gbs:.1f} GB/s copy bandwidth, so it is not memory-bound: per-step work beyond the "
+                  "matmuls and CPU time taken by other processes on these 2 shared cores (see the spread of "
+                  "the repeats) dominate.")
+    return (f"{verdict} the 3x target ({ratio:.2f}x). The gain is in the decode step ({step} faster: the "
+            "whole loop is one XLA `while_loop` with the KV cache updated in place, against per-op PyTorch "
+            "dispatch and a growing cache per step); the prefill (all prompt tokens in one pass) differs by "
+            f"{pre_h / pre_o:.2f}x, and decode is {100 * decode_share:.0f}% of our time. Limits: {limits}")
+

@@ -1,0 +1,95 @@
+"""`python -m dlr_jax.convert`: HF safetensors <-> Orbax, and a trained workdir stage out to HF.
+
+    python -m dlr_jax.convert --from-hf HF_DIR --out ORBAX_DIR [--mesh data=1,fsdp=8,tensor=1]
+    python -m dlr_jax.convert --to-hf --from-orbax ORBAX_DIR --out HF_DIR [--force]
+    python -m dlr_jax.convert --to-hf --from-workdir W --stage sft|rl --out HF_DIR   (workdir_export.py)
+
+A deepseek_ocr2 directory goes through convert/ocr2.py, everything else through convert/decoder.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+
+from dlr_jax.convert import ocr2 as o2
+from dlr_jax.convert.decoder import load_hf, load_orbax, save_hf, save_orbax
+from dlr_jax.convert.workdir_export import export_stage, prepare_out_dir
+from dlr_jax.hf_config import ConversionError, supported_model_types
+from dlr_jax.sharding import make_mesh, parse_mesh_spec
+
+# Tokenizer files a conversion carries over beside the weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file() and jax.process_index() == 0:
+            shutil.copy2(src / name, dst / name)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m dlr_jax.convert",
+        description="HF safetensors <-> Orbax checkpoints of the dlr_jax Transformer "
+        f"(model_type: {supported_model_types()}, deepseek_ocr2; qwen3_vl imports the text tower, exports as qwen3).",
+        epilog="examples:\n  python -m dlr_jax.convert --from-hf ~/hf/Llama-3.2-1B --out ckpt/llama1b\n"
+        "  python -m dlr_jax.convert --to-hf --from-orbax ckpt/llama1b --out hf_out/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--from-hf", type=Path, metavar="DIR",
+                    help="HF model dir (config.json + safetensors) to import")
+    ap.add_argument("--to-hf", action="store_true", help="export --from-orbax DIR as HF safetensors")
+    ap.add_argument("--from-orbax", type=Path, metavar="DIR",
+                    help="directory written by --from-hf (with --to-hf)")
+    ap.add_argument("--out", type=Path, required=True, metavar="DIR", help="output directory")
+    ap.add_argument("--mesh", default="data=1,fsdp=-1,tensor=1",
+                    help="mesh to place params on while converting (default: all devices on fsdp)")
+    ap.add_argument("--rules", default="fsdp", help="logical-axis rules profile (fsdp | tp | tpu)")
+    ap.add_argument("--dtype", default=None, help="parameter dtype to store (default: float32 on import, "
+                    "the checkpoint's own on export)")
+    ap.add_argument("--from-workdir", type=Path, metavar="DIR",
+                    help="with --to-hf: a training workdir; exports --stage's final model (latent rows included)")
+    ap.add_argument("--stage", default="sft", help="with --from-workdir: sft | rl | align | textsft_cot | ...")
+    ap.add_argument("--force", action="store_true",
+                    help="overwrite an existing Orbax checkpoint, or (--to-hf) replace a non-empty --out")
+    args = ap.parse_args(argv)
+    sources = (args.from_orbax is not None) + (args.from_workdir is not None)
+    if args.to_hf == (args.from_hf is not None) or (args.to_hf and sources != 1):
+        ap.error("use exactly one of: --from-hf DIR   or   --to-hf --from-orbax DIR   or   --to-hf --from-workdir W")
+    mesh = make_mesh(**parse_mesh_spec(args.mesh))
+    try:
+        source = args.from_hf if args.from_hf is not None else args.from_orbax  # None with --from-workdir
+        if source is not None and o2.is_ocr2_dir(source):
+            if args.from_hf is not None:
+                cfg2, m2 = o2.load_ocr2(args.from_hf, mesh=mesh, rules=args.rules, dtype=args.dtype)
+                out = o2.save_ocr2_orbax(m2, args.out, overwrite=args.force)
+            else:
+                cfg2, m2 = o2.load_ocr2_orbax(args.from_orbax, mesh=mesh, rules=args.rules)
+                out = o2.save_ocr2_hf(m2, args.out, dtype=args.dtype)
+            _copy_tokenizer(args.from_hf if args.from_hf is not None else args.from_orbax, out)
+            print(f"wrote {out} ({o2.MODEL_TYPE}, {cfg2.text.base.num_layers} layers, "
+                  f"hidden {cfg2.text.base.hidden_size})")
+            return
+        if args.from_hf is not None:
+            cfg, model = load_hf(args.from_hf, mesh=mesh, rules=args.rules, dtype=args.dtype)
+            out = save_orbax(model, cfg, args.out, overwrite=args.force)
+            _copy_tokenizer(args.from_hf, out)
+        elif args.from_workdir is not None:
+            out = export_stage(args.from_workdir, args.stage, args.out, force=args.force, dtype=args.dtype)
+            print(f"wrote {out} (stage {args.stage} of {args.from_workdir})")
+            return
+        else:
+            cfg, model = load_orbax(args.from_orbax, mesh=mesh, rules=args.rules)
+            prepare_out_dir(args.out, force=args.force)
+            out = save_hf(model, cfg, args.out, dtype=args.dtype)
+            _copy_tokenizer(args.from_orbax, out)
+    except ConversionError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(f"wrote {out} ({cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size})")

@@ -1,0 +1,41 @@
+"""The examples a config names: `load_examples(cfg, split)` (the data section's dataset) and
+`corpus_texts(cfg)` (the codebook stage's CoT corpus). Shared by the stages, evaluation and the
+render-cache CLI, so none of them reaches into another for its inputs."""
+
+from __future__ import annotations
+
+from dlr_jax.config import Config
+from dlr_jax.data.readers import load_benchmark
+from dlr_jax.data.records import Example
+
+
+def load_examples(cfg: Config, split: str) -> list[Example]:
+    d = cfg.data
+    if d.dataset == "synthetic":
+        from dlr_jax.data.synthetic import SyntheticConfig
+
+        sizes = {"train": d.synthetic_train, "valid": min(200, d.synthetic_eval), "test": d.synthetic_eval}
+        return load_benchmark(
+            "synthetic",
+            split=split,
+            sizes=sizes,
+            seed=cfg.run.seed,
+            config=SyntheticConfig(max_steps=d.synthetic_max_steps),
+        )
+    return load_benchmark(d.dataset, path=d.path, split=split)
+
+
+def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
+    """Training (or held-out) CoTs: `codebook.corpus` / `eval_corpus` entries "name:split", or the
+    data section's dataset. Empty CoTs are left out (nothing to read back)."""
+    entries = cfg.codebook.eval_corpus if held_out else cfg.codebook.corpus
+    if entries:
+        examples = []
+        for e in entries:
+            name, sep, split = e.partition(":")
+            if not sep or not name or not split:
+                raise ValueError(f"codebook corpus entry {e!r} must look like name:split (e.g. gsm8k:train)")
+            examples += load_benchmark(name, split=split)
+    else:
+        examples = load_examples(cfg, cfg.data.eval_split if held_out else cfg.data.train_split)
+    return [ex.cot for ex in examples if ex.cot.strip()]

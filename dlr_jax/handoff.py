@@ -1,0 +1,77 @@
+"""A finished stage's model, handed on: saved by its stage, loaded back by the next stage, by
+evaluation and by export.
+
+`<workdir>/<stage>/final/` holds the params (Orbax) and meta.json: the stage, its `kind` and the
+model config. Kinds: "backbone" (a text `Transformer`) and "latent_lm" (the backbone with latent
+rows, `models.latent_lm.LatentLM`, sized from the workdir's tokenizer and the config's `latent:`
+section). Below the stages and evaluation so that both, and the converter, read one format.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+from jax.sharding import Mesh
+
+from dlr_jax.checkpoint import read_meta, restore_params, save_params
+from dlr_jax.config import Config, ModelConfig, from_dict, to_dict
+from dlr_jax.sharding import mesh_from_config
+from dlr_jax.tokens import Tokenizer
+from dlr_jax.workdir import final_dir, workdir_config
+
+
+def latent_rows_config(cfg: Config, tok: Tokenizer):
+    """The latent rows (`models.latent_lm.LatentConfig`) that `cfg` and the tokenizer give."""
+    from dlr_jax.models.latent_lm import LatentConfig as LatentRows
+
+    return LatentRows.from_tokenizer(
+        tok,
+        cfg.latent.latent_dim,
+        tie_projectors=cfg.latent.tie_projectors,
+        codebook_trainable=cfg.latent.train_codebook_in_sft,
+    )
+
+
+def latent_lm_factory(model_cfg: ModelConfig, tok: Tokenizer, cfg: Config):
+    from dlr_jax.models.latent_lm import build_latent_lm
+
+    rows = latent_rows_config(cfg, tok)
+    return lambda: build_latent_lm(model_cfg, rows)
+
+
+def save_stage_model(
+    model: nnx.Module,
+    workdir: str | Path,
+    stage: str,
+    *,
+    kind: str,
+    model_cfg: ModelConfig,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    meta = {"stage": stage, "kind": kind, "model": to_dict(model_cfg), **(extra or {})}
+    return save_params(model, final_dir(workdir, stage), meta)
+
+
+def _model_factory(meta: dict[str, Any], tok: Tokenizer, cfg: Config):
+    """A builder of the (random, abstract-friendly) model that meta.json describes, to restore into."""
+    from dlr_jax.models.transformer import Transformer
+
+    mcfg = from_dict(ModelConfig, meta["model"])
+    if meta["kind"] == "backbone":
+        return lambda: Transformer(mcfg, rngs=nnx.Rngs(0))
+    if meta["kind"] == "latent_lm":
+        return latent_lm_factory(mcfg, tok, cfg)
+    raise ValueError(f"unknown model kind {meta['kind']!r} in {meta}")
+
+
+def load_stage_model(workdir: str | Path, stage: str, *, mesh: Mesh | None = None):
+    """`(model, tokenizer, config)` of a finished stage, restored onto `mesh` (default: the config's)."""
+    cfg = workdir_config(workdir)
+    tok = Tokenizer.load(Path(workdir) / "tokenizer")
+    d = final_dir(workdir, stage)
+    meta = read_meta(d)
+    mesh = mesh or mesh_from_config(cfg.mesh)
+    model = restore_params(_model_factory(meta, tok, cfg), d, mesh, cfg.mesh.rules)
+    return model, tok, cfg
