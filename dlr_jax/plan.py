@@ -57,6 +57,7 @@ class Program:
     steps_per_epoch_examples: int  # examples one step consumes (for totals)
     while_trips: Callable[[Any], int | None] | None = None
     notes: tuple[str, ...] = ()
+    mesh: Mesh | None = None  # compiled under this mesh when not the training mesh (the rollout's)
 
 
 def _KEY_DTYPE() -> Any:  # noqa: N802 - a constant, computed without placing an array on any device
@@ -182,12 +183,20 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     """The sampler's decode loop (`sampling.decode_loop`) over a full KV cache, with the prefill's cache as
     input: one rollout batch of rl.num_prompts x rl.group_size rows."""
     from dlr_jax.sampling import DecodeConfig, Sampler, decode_loop
+    from dlr_jax.sampling_copy import copy_dtype, sample_mesh_for
 
     rules = cfg.mesh.rules
     model, lat = latent_lm_abstract(cfg)
     graphdef, state = nnx.split(model)
-    s_abs, _ = _state_abstract(state, mesh, rules)
     rl = cfg.rl
+    # what `--stage rl` decodes with: the policy's sampling copy, in its dtype and decoding layout
+    mesh = sample_mesh_for(rl.sample_mesh, mesh, model.backbone.cfg, lat.total_vocab_size)
+    s_abs, _ = _state_abstract(state, mesh, rules)
+    dtype = copy_dtype(rl.sample_dtype, model.backbone.cfg)
+    if dtype is not None:
+        floating = lambda x: jnp.issubdtype(x.dtype, jnp.floating)
+        s_abs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype, sharding=x.sharding) if floating(x)
+                             else x, s_abs)
     b = rl.num_prompts * rl.group_size
     prompt = _round_up(rl.max_prompt_tokens or max(1, cfg.data.max_len - rl.max_new_tokens),
                        cfg.sampling.prompt_bucket)
@@ -208,9 +217,11 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
             jax.ShapeDtypeStruct((), _KEY_DTYPE()), None)
     trips = rl.max_new_tokens - 1
     return Program("rollout", decode, decode_loop, args, b * rl.max_new_tokens, rl.num_prompts,
-                   while_trips=lambda eqn: trips,
+                   while_trips=lambda eqn: trips, mesh=mesh,
                    notes=(f"{b} rows, cache of {cache_len} ({prompt} prompt + {rl.max_new_tokens} new); "
-                          f"FLOPs count {trips} decode steps",))
+                          f"FLOPs count {trips} decode steps",
+                          f"sampling copy: {dtype or 'parameter dtype'} on mesh {dict(mesh.shape)} "
+                          f"(rl.sample_mesh={rl.sample_mesh!r}, rl.sample_dtype={rl.sample_dtype!r})"))
 
 
 def build_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
@@ -297,6 +308,7 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     mesh = target_mesh(target, mesh_shape)
     with use_mesh(mesh):
         prog = build_program(cfg, stage, mesh)
+    with use_mesh(prog.mesh or mesh):
         lowered = prog.jitted.lower(*prog.args)
         compiled = lowered.compile()
         static = (0, 1) if stage == "rollout" else ()

@@ -118,7 +118,7 @@ class RLConfig:
     beta: float = 1e-3  # k3 KL to the reference (SFT) policy; 0 skips the reference model
     inner_epochs: int = 4  # mu
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | dr_grpo
-    # Rollouts decode from a sampling copy of the policy (stages/sampling_copy.py), refreshed on device
+    # Rollouts decode from a sampling copy of the policy (dlr_jax/sampling_copy.py), refreshed on device
     # after every RL step. sample_mesh: its layout — "auto" = tensor-parallel over one process's devices
     # as far as heads / MLP / vocabulary divide, data-parallel over the rest; "" = the training mesh
     # (FSDP: the decode loop then all-gathers every weight for every token); or "data=2,fsdp=1,tensor=4".

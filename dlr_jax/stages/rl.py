@@ -5,8 +5,8 @@ One RL step (`GRPOStep`: a method a phase, so each can be found and timed on its
 
 1. **Rollouts.** P prompts from a seeded, checkpointed stream, each repeated G times (groups are
    adjacent), sampled at temperature T with the KV-cache `Sampler` on the *sampling* mesh
-   (`rl.sample_mesh`; the policy's params are resharded onto it with `jax.device_put`, device to
-   device). `</latent>` is forced after `rl.max_latents` latents; `rl.constrain_format` turns on the
+   (`rl.sample_mesh`, `rl.sample_dtype`: the policy's sampling copy, cast and resharded on device,
+   dlr_jax/sampling_copy.py). `</latent>` is forced after `rl.max_latents` latents; `rl.constrain_format` turns on the
    evaluation grammar. Generation stops at `</answer>` or `<eos>`.
 2. **Old / reference log-probs.** The sampler's own log-probs are those of the policy at T; they are
    recomputed teacher-forced (`Sampler.score`, same T and vocab mask) for exactness, and the gap is
@@ -48,13 +48,13 @@ from dlr_jax.handoff import save_stage_model
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler, left_pad
-from dlr_jax.sharding import state_shardings
+from dlr_jax.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook_models import load_latent_decoder
 from dlr_jax.stages.latent_common import load_latent_stage
 from dlr_jax.stages.rl_eval import held_out_evaluator
 from dlr_jax.stages.rl_loss import make_grpo_loss
-from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator, sample_mesh_for
+from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator
 from dlr_jax.trainer import MetricsWriter, Trainer, TrainingDiverged
 from dlr_jax.workdir import stage_dir
 
@@ -209,12 +209,12 @@ class GRPOStep:
     sampling copy, the reference weights, the reward setup and the trainer.
     """
 
-    def __init__(self, cfg: Config, tok: Any, trainer: Trainer, sampler: Sampler, shardings: Any, *,
+    def __init__(self, cfg: Config, tok: Any, trainer: Trainer, sampler: Sampler, copy: SamplingCopy, *,
                  prompt_len: int, vocab_mask: Any, ref_state: Any, weights: dict[str, float],
                  extras: dict[str, Any]):
         rl = cfg.rl
         self.rl, self.seed, self.benchmark = rl, cfg.run.seed, cfg.data.dataset
-        self.tok, self.trainer, self.sampler, self.shardings = tok, trainer, sampler, shardings
+        self.tok, self.trainer, self.sampler, self.copy = tok, trainer, sampler, copy
         self.prompt_len, self.vocab_mask, self.ref_state = prompt_len, vocab_mask, ref_state
         self.weights, self.extras = weights, extras
         self.processor, self.aux = None, None
@@ -279,11 +279,11 @@ class GRPOStep:
         return np.asarray(grpo.group_advantages(reward, self.rl.group_size, self.rl.scale_rewards))
 
     def update(self, batch: dict[str, np.ndarray], step: int) -> dict[str, float]:
-        """rl.inner_epochs passes of optimizer steps over the rollouts, then the new policy copied onto
-        the sampling mesh (device to device)."""
+        """rl.inner_epochs passes of optimizer steps over the rollouts, then the new policy's sampling
+        copy made on device (cast, then resharded onto the sampling mesh)."""
         upd = grpo_update(self.trainer, batch, epochs=self.rl.inner_epochs, seed=self.seed, step=step)
         t = self.trainer
-        self.sampler.set_state(jax.device_put(nnx.state(nnx.merge(t.graphdef, t.params, t.rest)), self.shardings))
+        self.sampler.set_state(self.copy(nnx.state(nnx.merge(t.graphdef, t.params, t.rest))))
         return upd
 
     def __call__(self, rows: list[list[int]], group: list[Any], step: int) -> dict[str, float]:
@@ -339,7 +339,6 @@ def run(
     tcfg = common.resolve_schedule(tcfg, len(examples), workdir, "rl", per_step=rl.num_prompts)
     total = num_steps or tcfg.num_steps
     train_mesh = common.make_mesh_for(cfg)
-    smesh = sample_mesh_for(rl.sample_mesh, train_mesh)
     rules = cfg.mesh.rules
 
     prompts = [prompt_ids(tok, ex.question) for ex in examples]
@@ -357,6 +356,7 @@ def run(
 
     model = load_latent_stage(cfg, workdir, "sft", tok, train_mesh)
     vocab_mask = model.vocab_mask()
+    smesh = sample_mesh_for(rl.sample_mesh, train_mesh, model.backbone.cfg, model.latent_cfg.total_vocab_size)
     p_g = rl.num_prompts * rl.group_size
     updates_per_step = rl.inner_epochs * p_g // tcfg.batch_size
     loss_fn = make_grpo_loss(
@@ -375,16 +375,20 @@ def run(
         raise ValueError(f"{trainer.dir / 'checkpoints'}: {trainer.step} updates after {stream.steps} RL steps, "
                          f"but this config makes {updates_per_step} per step; resume with the same rl settings")
 
-    # Sampling copy of the policy: resharded device-to-device after every step (`GRPOStep.update`).
-    # (On the same mesh device_put is a no-op: the sampler then shares the trainer's buffers, which the
-    # next update donates — so the state is swapped in again after every update, before any use.)
+    # Sampling copy of the policy (dlr_jax/sampling_copy.py): cast to rl.sample_dtype and resharded onto
+    # the decoding layout on device after every step (`GRPOStep.update`).
+    # (Where neither changes anything the copy is the trainer's own buffers, which the next update
+    # donates — so the state is swapped in again after every update, before any use.)
     graphdef, state = nnx.split(nnx.merge(trainer.graphdef, trainer.params, trainer.rest))
-    shardings = state_shardings(state, smesh, rules)
-    sampler = Sampler((graphdef, jax.device_put(state, shardings)), mesh=smesh, rules=rules, prompt_bucket=prompt_len)
+    copy = SamplingCopy(state, smesh, rules, copy_dtype(rl.sample_dtype, model.backbone.cfg))
+    sampler = Sampler((graphdef, copy(state)), mesh=smesh, rules=rules, prompt_bucket=prompt_len)
+    if jax.process_index() == 0:
+        print(f"[rl] rollouts: sampling copy in {copy.dtype or 'the parameter dtype'} on mesh "
+              f"{dict(smesh.shape)}", flush=True)
     # The reference (SFT) weights, scored by the same compiled function with its state swapped in.
     ref_state = None
     if rl.beta != 0:
-        ref_state = jax.device_put(nnx.state(load_latent_stage(cfg, workdir, "sft", tok, smesh)), shardings)
+        ref_state = copy(nnx.state(load_latent_stage(cfg, workdir, "sft", tok, smesh)))
 
     weights = {"answer": rl.answer_weight, "format": rl.format_weight} | extra_reward_weights(rl)
     extras: dict[str, Any] = {}
@@ -403,7 +407,7 @@ def run(
                 batch_size=min(rl.process_batch_size, p_g),
             )
             weights["process"] = rl.process_weight
-    grpo_step = GRPOStep(cfg, tok, trainer, sampler, shardings, prompt_len=prompt_len, vocab_mask=vocab_mask,
+    grpo_step = GRPOStep(cfg, tok, trainer, sampler, copy, prompt_len=prompt_len, vocab_mask=vocab_mask,
                          ref_state=ref_state, weights=weights, extras=extras)
 
     def held_out_score(rows: list[list[int]], group: list[Any], chunk: int):

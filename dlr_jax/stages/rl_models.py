@@ -1,10 +1,9 @@
-"""The RL stage's other models and reward wiring: the sampling mesh, the frozen evaluator LM of the
+"""The RL stage's other models and reward wiring: the frozen evaluator LM of the
 process reward (its OCR decoder is `codebook_models.load_latent_decoder`), and users' registered
 rewards (`rl.extra_rewards`)."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -12,21 +11,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ModelConfig, from_dict
-from dlr_jax.sharding import make_mesh, parse_mesh_spec
 from dlr_jax.tokens import Tokenizer
 from dlr_jax.workdir import final_dir
-
-
-def sample_mesh_for(spec: str, train_mesh: Mesh) -> Mesh:
-    """`rl.sample_mesh` ("data=8,fsdp=1,tensor=1") over the training mesh's devices; "" = that mesh."""
-    if not spec:
-        return train_mesh
-    shape = parse_mesh_spec(spec)
-    devices = list(train_mesh.devices.flat)
-    if math.prod(shape.values()) != len(devices):
-        raise ValueError(f"rl.sample_mesh={spec!r} needs {math.prod(shape.values())} devices; the training "
-                         f"mesh has {len(devices)}")
-    return make_mesh(shape["data"], shape["fsdp"], shape["tensor"], devices=devices)
 
 
 def extra_reward_weights(rl: Any) -> dict[str, float]:

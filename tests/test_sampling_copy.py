@@ -14,8 +14,8 @@ from flax import nnx
 from dlr_jax.config import ModelConfig
 from dlr_jax.models.transformer import Transformer
 from dlr_jax.sampling import Sampler
+from dlr_jax.sampling_copy import SamplingCopy, auto_sample_shape, copy_dtype, sample_mesh_for
 from dlr_jax.sharding import create_sharded, make_mesh
-from dlr_jax.stages.sampling_copy import SamplingCopy, auto_sample_shape, copy_dtype, sample_mesh_for
 
 LLAMA_8B = ModelConfig(num_heads=32, num_kv_heads=8, intermediate_size=14336, hidden_size=4096, head_dim=128)
 TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
