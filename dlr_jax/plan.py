@@ -325,6 +325,8 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         "flops_per_step": flops.total, "flops_per_device": per_dev_flops, "matmul_flops": flops.matmul,
         "loops_counted_once": flops.unknown_loops, **mem, **xla,
     }
+    if prog.mesh is not None:  # the rollout decodes on the sampling copy's own layout
+        out["run_mesh"] = {k: int(v) for k, v in prog.mesh.shape.items()}
     try:
         vocab = latent_lm_abstract(cfg)[1].total_vocab_size if stage != "codebook" else None
         values = largest_values(compiled.as_text(), k=10_000, vocab=vocab)

@@ -48,14 +48,18 @@ def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
             ttxt += f" ({r['paper_total_flops'] / 1e15:,.0f} P)"
         mfu = r.get("roofline_mfu")
         out.append(
-            f"| {r.get('config', '')} | {r['stage']} | {r['device']} | {mesh['data']},{mesh['fsdp']},{mesh['tensor']} "
+            f"| {r.get('config', '')} | {r['stage']} | {r['device']} | {mesh['data']},{mesh['fsdp']},{mesh['tensor']}"
+            f"{' (decodes on ' + ','.join(str(v) for v in r['run_mesh'].values()) + ')' if 'run_mesh' in r else ''} "
             f"| {r['remat']} | {r['peak_bytes'] / GiB:.1f} / {r['hbm_bytes'] / GiB:.0f} GiB | "
             f"{'yes' if r['fits'] else '**no**'} | {r['flops_per_step']:.2e} | "
             f"{r['roofline_step_s'] * 1e3:.0f} ms ({r['roofline_bound']}) | "
             f"{'' if mfu is None else f'{100 * mfu:.0f} %'} | {vtxt} | {ttxt} |")
     out += ["", "Notes: the GRPO update (`rl`) row is one optimizer step over 64 rollouts (μ = 4 such steps per "
             "RL step); `rollout` is the decode loop of one RL step's 64 rollouts (2 prompts × G 32) over a full "
-            "KV cache; the paper's RL figure covers rollouts, scoring and updates together. Stage totals count every "
+            "KV cache, decoded from the policy's sampling copy (`rl.sample_mesh=auto`, `rl.sample_dtype=auto`: bf16 "
+            "weights, tensor-parallel inside a host: 8 ways on the 8-GPU node, 4 ways x data 2 on v5p 2x2x2, whose "
+            "chips sit on 2 hosts); the paper's RL figure covers rollouts, scoring and updates together. Stage totals "
+            "count every "
             "row at the full 256 tokens over the whole split (300k SFT examples x 3 epochs, 85,620 RL prompts); they "
             "are 10-40x the paper's figures, whose sequence lengths and backbone the paper does not state for that "
             "table: read them as an upper bound. Vocabulary-sized values stay small because the loss and the GRPO "
