@@ -3,8 +3,12 @@
 1. HF interop + sampling: a tiny random `transformers` Llama is saved, imported with
    `dlr_jax.convert`, round-tripped through Orbax, and both libraries decode the same prompts
    greedily; the tokens must agree.
-2. The DLR pipeline: textsft (CoT-SFT, Direct-SFT) -> [codebook -> export] -> align -> sft [-> rl],
-   then evaluation of every method on the synthetic test split, printed as one table.
+2. The DLR pipeline: textsft (CoT-SFT, Direct-SFT) -> codebook -> export -> align -> sft -> rl,
+   then evaluation of every method on the synthetic test split, printed as one table, and an HTML
+   report (<workdir>/pipeline/report.html) showing a few test questions' latents decoded back to text.
+   The latents are the codebook's ids of each rendered CoT (`latent.source=codebook`, this demo's
+   default); `--set latent.source=random` gives fixed pseudo-random ids with no content instead (no
+   codebook stage: about half the time, and DLR has nothing to read).
    Finished stages are skipped when the demo is rerun (each stage also resumes mid-way).
 """
 
@@ -135,14 +139,36 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
                          "gen_tokens": r["gen_tokens"]["mean"]})
     for k, v in timings.items():
         print(f"   {k}: {v:.0f}s")
+    if use_codebook:
+        report_demo(workdir, methods[-1][1], list(cfg.eval.benchmarks)[0])
     return rows
+
+
+def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
+    """The interpretability report of a few test questions: gold CoT image, latent ids, the OCR
+    decoder's reading of them, predicted and gold answers."""
+    from dlr_jax.interpret import build_rows, write_report
+
+    rows = build_rows(workdir, stage=stage, benchmark=benchmark, n=n)
+    right = sum(bool(r["correct"]) for r in rows)
+    html, _ = write_report(rows, workdir / "report.html", title=f"make demo: latent reasoning, decoded ({stage})",
+                           subtitle=f"first {len(rows)} {benchmark} test questions; {right} answered correctly")
+    print(f"== report: {html} (open it in a browser: {len(rows)} questions, latents decoded to text) ==",
+          flush=True)
+    return html
+
+
+# Real latents by default: the codebook's ids of each rendered CoT (configs/tiny.yaml's own default is
+# random ids, which the unit tests use: no codebook stage to run first).
+DEMO_OVERRIDES = ["latent.source=codebook"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="runs/demo", help="where checkpoints and results go")
     ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"))
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override; the demo sets latent.source=codebook first (yours win)")
     ap.add_argument("--skip-pipeline", action="store_true", help="only the interop + sampling check")
     ap.add_argument("--no-rl", action="store_true", help="stop after sft")
     args = ap.parse_args(argv)
@@ -162,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_pipeline:
         return 0
     t0 = time.perf_counter()
-    rows = pipeline_demo(workdir / "pipeline", args.config, args.overrides, rl=not args.no_rl)
+    rows = pipeline_demo(workdir / "pipeline", args.config, [*DEMO_OVERRIDES, *args.overrides], rl=not args.no_rl)
     print(f"\n== results ({time.perf_counter() - t0:.0f}s; workdir {workdir / 'pipeline'}) ==")
     print(f"{'method':<12} {'benchmark':<12} {'n':>5} {'Pass@1':>8} {'#L':>6} {'gen tokens':>11}")
     for r in rows:

@@ -106,3 +106,15 @@ def test_headless_chromium_shows_the_report(workdir, tmp_path):
     dom = done.stdout  # the page as the browser built it: every element is there
     assert dom.count('class="card"') == 2 and len(re.findall(r"<img[^>]+data:image/png", dom)) == 2
     assert all(r["decoded_cot"] == "" or r["id"] in dom for r in rows)
+
+
+def test_the_demo_ends_with_a_report_of_its_latents(workdir, capsys):
+    """`make demo`'s last step (dlr_jax.demo.report_demo) on a workdir of the stages' formats."""
+    from dlr_jax.demo import DEMO_OVERRIDES, report_demo
+
+    assert "latent.source=codebook" in DEMO_OVERRIDES  # the demo shows real latents unless told otherwise
+    html = report_demo(workdir, "sft", "synthetic", n=3)
+    assert html == workdir / "report.html" and html.stat().st_size > 0
+    rows = [json.loads(line) for line in html.with_suffix(".jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["latent_codes"] is not None and "decoded_cot" in r for r in rows)
+    assert "report.html" in capsys.readouterr().out
