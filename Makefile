@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo bench lint clean
+.PHONY: venv test test-fast demo bench peers lint clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	JAX_PLATFORMS=cpu $(BIN)/python -m dlr_jax.bench --out BENCHMARKS.md
+
+# The GRPO peers of `--only grpo_peers` (dlr_jax/bench/grpo_peers.py), each in its own venv: their pins
+# (torch, jax, transformers) differ from ours. PEERS is where the benchmark looks (--peers-dir).
+PEERS ?= /work/peers
+peers:
+	test -x $(PEERS)/trl/bin/python || $(PY) -m venv $(PEERS)/trl
+	$(PEERS)/trl/bin/python -m pip install -q "torch==2.13.0" trl transformers
+	test -x $(PEERS)/tunix/bin/python || $(PY) -m venv $(PEERS)/tunix
+	$(PEERS)/tunix/bin/python -m pip install -q google-tunix transformers
 
 # ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers README "Architecture" draws).
 lint: $(STAMP)

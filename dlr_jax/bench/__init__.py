@@ -15,6 +15,9 @@ One module a benchmark, all sharing `common` (sizes, timing, the machine line, s
   on the config's codebook networks and real GSM8K-Aug CoTs.
 - `rl`: rollout tokens/s and the time split of one latent-GRPO step, by `dlr_jax.stages.rl.run`'s
   own `time/*` metrics.
+- `grpo_peers`: seconds per GRPO step and per phase of dlr_jax (`grpo_ours`, the stage's `GRPOStep`),
+  TRL's `GRPOTrainer` (`peer_trl`) and tunix's `GRPOLearner` (`peer_tunix`) on one random Llama, each
+  framework in its own process (the peers in their own venvs, `make peers`), speaking `peer_protocol`.
 - `render_cache`: codebook batches images/s read from a rendered corpus (`dlr_jax.data.render_corpus`)
   vs drawn on the fly, at the tiny config's canvas and at 1024 px.
 

@@ -14,12 +14,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlr_jax.bench import codebook, render_cache, rl, train
-from dlr_jax.bench.common import SIZES, machine_info, write_section
+from dlr_jax.bench import codebook, grpo_peers, render_cache, rl, train
+from dlr_jax.bench.common import MAX_LOAD, SIZES, machine_info, write_section
 from dlr_jax.bench.compile import bench_compile, render_compile
 from dlr_jax.bench.sampling import bench_sampling, render_sampling
 
-BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache")
+BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache", "grpo_peers")
 
 
 def parse_only(spec: str) -> list[str]:
@@ -42,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
     ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
-    sections = {"train": train, "codebook": codebook, "rl": rl, "render_cache": render_cache}
+    ap.add_argument("--allow-load", action="store_true",
+                    help=f"write ratios even when the load average exceeded {MAX_LOAD} while measuring")
+    sections = {"train": train, "codebook": codebook, "rl": rl, "render_cache": render_cache, "grpo_peers": grpo_peers}
     for mod in sections.values():
         mod.add_arguments(ap)
     args = ap.parse_args(argv)

@@ -152,3 +152,24 @@ def update_section(text: str, name: str, body: str, *, source: str = "BENCHMARKS
 def write_section(path: Path, name: str, body: str) -> None:
     text = path.read_text() if path.exists() else PREAMBLE
     path.write_text(update_section(text, name, body, source=str(path)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine load: a ratio between two programs measured on a busy machine measures thread contention.
+
+MAX_LOAD = 1.5  # 1-minute load average above which a benchmark writes no ratio (unless --allow-load)
+
+
+def load_average() -> float:
+    """The 1-minute load average (0.0 where the OS has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+
+
+def ratio_refusal(loads: list[float], allow_load: bool) -> str | None:
+    """Why a ratio must not be written (the highest load seen while measuring was above MAX_LOAD
+    and --allow-load was not given), or None when it may."""
+    top = max(loads, default=0.0)
+    if top <= MAX_LOAD or allow_load:
+        return None
+    return (f"not written: load average reached {top:.2f} (> {MAX_LOAD}) during the run, so the ratio would "
+            "measure contention for the CPU; rerun on an idle machine, or pass --allow-load to write it anyway")

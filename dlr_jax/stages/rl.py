@@ -10,7 +10,9 @@ One RL step (`GRPOStep`: a method a phase, so each can be found and timed on its
    evaluation grammar. Generation stops at `</answer>` or `<eos>`.
 2. **Old / reference log-probs.** The sampler's own log-probs are those of the policy at T; they are
    recomputed teacher-forced (`Sampler.score`, same T and vocab mask) for exactness, and the gap is
-   reported (`logprob_gap/*`). The reference policy is the frozen SFT model (skipped when beta = 0).
+   reported (`logprob_gap/*`). With one optimizer step per rollout batch (mu = 1, one minibatch) the
+   old policy *is* the updating one: that pass is skipped, the loss takes its own log-probs (ratio 1)
+   and the update reports the gap. The reference policy is the frozen SFT model (skipped when beta = 0).
 3. **Rewards.** `R_ans + 0.25 r_proc + 0.1 R_fmt` (weights `rl.*_weight`) from the reward registry;
    r_proc (`dlr_jax.process_reward`) needs the codebook stage's OCR decoder and is skipped, with a
    note, when its weight is 0 or no decoder exists. Then group-normalised advantages.
@@ -217,6 +219,9 @@ class GRPOStep:
         self.tok, self.trainer, self.sampler, self.copy = tok, trainer, sampler, copy
         self.prompt_len, self.vocab_mask, self.ref_state = prompt_len, vocab_mask, ref_state
         self.weights, self.extras = weights, extras
+        # One optimizer step per rollout batch (mu = 1, one minibatch): the policy that updates is the
+        # one that sampled, so the old-policy pass is skipped (`score`; the loss uses its own log-probs).
+        self.old_pass = rl.inner_epochs * rl.num_prompts * rl.group_size // trainer.cfg.batch_size > 1
         self.processor, self.aux = None, None
         if rl.max_latents or rl.constrain_format:
             from dlr_jax.latent_grammar import latent_phase_processor, latent_processor_aux
@@ -246,13 +251,21 @@ class GRPOStep:
             forced = float(hit.sum() / max(out.lengths.sum(), 1))
         return Rollouts(out, batch, forced)
 
-    def score(self, ro: Rollouts) -> np.ndarray:
+    def score(self, ro: Rollouts) -> np.ndarray | None:
         """Teacher-forced old-policy (and, with beta != 0, reference) log-probs into the batch; returns
-        |scored - sampled| log-prob per generated token, the sampler's exactness check."""
+        |scored - sampled| log-prob per generated token, the sampler's exactness check. Without an
+        old-policy pass (`old_pass`) the sampler's log-probs go into the batch instead, the update's
+        loss reports the same check, and this returns None."""
         batch, score = ro.batch, dict(temperature=self.rl.temperature, vocab_mask=self.vocab_mask)
         cmask = batch["completion_mask"]
-        batch["old_logps"] = self.sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
-        gap = np.abs(batch["old_logps"][:, self.prompt_len:] - ro.out.logprobs) * cmask[:, self.prompt_len:]
+        gap = None
+        if self.old_pass:
+            batch["old_logps"] = self.sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
+            gap = np.abs(batch["old_logps"][:, self.prompt_len:] - ro.out.logprobs) * cmask[:, self.prompt_len:]
+        else:
+            sampled = np.zeros_like(cmask)
+            sampled[:, self.prompt_len:] = ro.out.logprobs
+            batch["sampler_logps"] = sampled * cmask
         if self.ref_state is not None:  # the same compiled scorer with the reference weights swapped in
             policy = self.sampler.state
             self.sampler.set_state(self.ref_state)
@@ -299,6 +312,10 @@ class GRPOStep:
         upd = self.update(ro.batch, step)
         t4 = time.perf_counter()
         out, gen_mask, size = ro.out, ro.batch["completion_mask"][:, self.prompt_len:], self.rl.group_size
+        if gap is None:  # measured inside the update (no old-policy pass)
+            gap_mean, gap_max = upd.pop("logprob_gap/mean"), upd.pop("logprob_gap/max")
+        else:
+            gap_mean, gap_max = float(gap.sum() / max(gen_mask.sum(), 1.0)), float(gap.max())
         return {
             "updates": self.trainer.step, "reward": float(reward.mean()), "reward_std": float(reward.std()),
             "forced_fraction": ro.forced,
@@ -309,8 +326,7 @@ class GRPOStep:
             "zero_std_frac": float(grpo.zero_std_fraction(reward, size)),
             **{k: v for k, v in upd.items() if k not in ("clip_ratio/region_mean", "batch_hash")},
             "clip_fraction": upd["clip_ratio/region_mean"],
-            "logprob_gap/mean": float(gap.sum() / max(gen_mask.sum(), 1.0)),
-            "logprob_gap/max": float(gap.max()),
+            "logprob_gap/mean": gap_mean, "logprob_gap/max": gap_max,
             "time/rollout": t1 - t0, "time/score": t2 - t1, "time/rewards": t3 - t2, "time/update": t4 - t3,
             "time/step": t4 - t0,
         }

@@ -44,8 +44,13 @@ def make_grpo_loss(
     """A `Trainer` loss: `loss_fn(model, batch, rng) -> (loss_sum, weight, metric_sums)`.
 
     batch: tokens, attention_mask [b, s] int32; completion_mask, old_logps [b, s] f32; advantages [b];
-    ref_logps [b, s] (needed when beta != 0). `grpo.grpo_loss` is called with unit denominators so it
-    returns a *sum*; the matching global denominator is the weight the trainer adds over micro-batches:
+    ref_logps [b, s] (needed when beta != 0). Without old_logps the old policy is the current one
+    (`stop_gradient` of the log-probs: ratio exactly 1, the gradient of the two-pass loss), which is
+    exact when each rollout batch gets a single optimizer step (mu = 1, one minibatch): the stage then
+    skips its old-policy scoring pass. `sampler_logps` [b, s] (optional) adds `logprob_gap/mean` and
+    `logprob_gap/max` (|log-probs - sampler's|, the max per micro-batch), the check that pass made.
+    `grpo.grpo_loss` is called with unit denominators so it returns a *sum*; the matching global
+    denominator is the weight the trainer adds over micro-batches:
     completion tokens (token-mean: TRL dapo/bnpo), sequences (seq-mean-token-mean: TRL grpo) or
     sequences x max_completion_length (dr_grpo). Metrics come back as means x weight.
     """
@@ -59,8 +64,11 @@ def make_grpo_loss(
         )
         mask = batch["completion_mask"].astype(jnp.float32)
         ref = batch.get("ref_logps")
+        old = batch.get("old_logps")
+        if old is None:  # on policy by construction: no second forward pass for the same numbers
+            old = jax.lax.stop_gradient(logps)
         loss, met = grpo.grpo_loss(
-            logps, batch["old_logps"], ref, batch["advantages"], mask, epsilon=epsilon,
+            logps, old, ref, batch["advantages"], mask, epsilon=epsilon,
             epsilon_high=epsilon_high, beta=beta, loss_agg_mode=mode, num_items_in_batch=1.0,
             num_sequences=1.0, max_completion_length=1, entropies=ent,
         )
@@ -68,6 +76,10 @@ def make_grpo_loss(
         weight = {"token-mean": mask.sum(), "seq-mean-token-mean": n_seq,
                   "dr_grpo": n_seq * max_completion_length}[mode]
         sums = {k: (v if k == "policy_loss" else v * weight) for k, v in met.items() if k != "num_tokens"}
+        if "sampler_logps" in batch:
+            gap = jax.lax.stop_gradient(jnp.abs(logps - batch["sampler_logps"])) * mask
+            sums["logprob_gap/mean"] = gap.sum() / jnp.maximum(mask.sum(), 1.0) * weight
+            sums["logprob_gap/max"] = gap.max() * weight
         return loss, weight, sums
 
     return loss_fn
