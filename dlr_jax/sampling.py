@@ -240,6 +240,12 @@ def _score(graphdef, state, tokens, mask, vocab_mask, temperature):
 _score_jit = jax.jit(_score, static_argnums=0)
 
 
+def _score_states(graphdef, states, tokens, mask, vocab_mask, temperature):
+    # One program for every state (e.g. old policy and reference): one dispatch and one transfer
+    # back, and XLA schedules the passes together.
+    return tuple(_score(graphdef, st, tokens, mask, vocab_mask, temperature) for st in states)
+
+
 def score(
     model: Any, tokens: Any, mask: Any, *, temperature: float = 1.0, vocab_mask: Any = None
 ) -> np.ndarray:
@@ -516,6 +522,32 @@ class Sampler:
             out = self._score_fns[key](self.graphdef, self.state, self._put(tokens, bt), self._put(mask, bt),
                                        vm, self._put(np.float32(temperature), rep))
         return _to_host(out)
+
+    def score_states(
+        self, states: Sequence[Any], tokens: Any, mask: Any, *, temperature: float = 1.0, vocab_mask: Any = None
+    ) -> list[np.ndarray]:
+        """`score` of the same rows under each of `states` (same structure and shardings as this
+        sampler's state, e.g. the policy and the reference) in one jitted pass."""
+        tokens = np.asarray(tokens, np.int32)
+        mask = np.asarray(mask, np.int32)
+        if tokens.ndim != 2 or tokens.shape != mask.shape:
+            raise ValueError(f"tokens and mask must both be [B, T]; got {tokens.shape} and {mask.shape}")
+        key = ("states", len(states), self._batch_key(tokens.shape[0]))
+        with self._ctx():
+            bt = self._batch_sharding(tokens.shape)
+            rep = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
+            if key not in self._score_fns:
+                if self.mesh is None:
+                    self._score_fns[key] = jax.jit(_score_states, static_argnums=0)
+                else:
+                    st = (self._state_shardings(),) * len(states)
+                    self._score_fns[key] = jax.jit(_score_states, static_argnums=0,
+                                                   in_shardings=(st, bt, bt, rep, rep),
+                                                   out_shardings=(bt,) * len(states))
+            vm = None if vocab_mask is None else self._put(np.asarray(vocab_mask, bool), rep)
+            out = self._score_fns[key](self.graphdef, tuple(states), self._put(tokens, bt), self._put(mask, bt),
+                                       vm, self._put(np.float32(temperature), rep))
+        return [_to_host(x) for x in out]
 
     def _vocab_size(self) -> int:
         if self._vocab is None:

@@ -9,9 +9,9 @@ One RL step (`GRPOStep`: a method a phase, so each can be found and timed on its
    dlr_jax/sampling_copy.py). `</latent>` is forced after `rl.max_latents` latents; `rl.constrain_format` turns on the
    evaluation grammar. Generation stops at `</answer>` or `<eos>`.
 2. **Old / reference log-probs.** The sampler's own log-probs are those of the policy at T; they are
-   recomputed teacher-forced (`Sampler.score`, same T and vocab mask) for exactness, and the gap is
-   reported (`logprob_gap/*`). With one optimizer step per rollout batch (mu = 1, one minibatch) the
-   old policy *is* the updating one: that pass is skipped, the loss takes its own log-probs (ratio 1)
+   recomputed teacher-forced (`Sampler.score_states`: old policy and reference in one jitted pass,
+   same T and vocab mask) for exactness, and the gap is reported (`logprob_gap/*`). With one
+   optimizer step per rollout batch (mu = 1, one minibatch) the old policy *is* the updating one: that pass is skipped, the loss takes its own log-probs (ratio 1)
    and the update reports the gap. The reference policy is the frozen SFT model (skipped when beta = 0).
 3. **Rewards.** `R_ans + 0.25 r_proc + 0.1 R_fmt` (weights `rl.*_weight`) from the reward registry;
    r_proc (`dlr_jax.process_reward`) needs the codebook stage's OCR decoder and is skipped, with a
@@ -259,18 +259,18 @@ class GRPOStep:
         batch, score = ro.batch, dict(temperature=self.rl.temperature, vocab_mask=self.vocab_mask)
         cmask = batch["completion_mask"]
         gap = None
+        # old policy and reference in one jitted pass (whichever of them this step needs)
+        states = [self.sampler.state] * self.old_pass + [self.ref_state] * (self.ref_state is not None)
+        scored = self.sampler.score_states(states, batch["tokens"], batch["attention_mask"], **score) if states else []
         if self.old_pass:
-            batch["old_logps"] = self.sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
+            batch["old_logps"] = scored[0] * cmask
             gap = np.abs(batch["old_logps"][:, self.prompt_len:] - ro.out.logprobs) * cmask[:, self.prompt_len:]
         else:
             sampled = np.zeros_like(cmask)
             sampled[:, self.prompt_len:] = ro.out.logprobs
             batch["sampler_logps"] = sampled * cmask
-        if self.ref_state is not None:  # the same compiled scorer with the reference weights swapped in
-            policy = self.sampler.state
-            self.sampler.set_state(self.ref_state)
-            batch["ref_logps"] = self.sampler.score(batch["tokens"], batch["attention_mask"], **score) * cmask
-            self.sampler.set_state(policy)
+        if self.ref_state is not None:
+            batch["ref_logps"] = scored[-1] * cmask
         return gap
 
     def rewards(self, out: Any, group: list[Any]) -> tuple[list[Any], np.ndarray, dict[str, np.ndarray]]:

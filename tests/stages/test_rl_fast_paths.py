@@ -1,5 +1,6 @@
-"""The mu = 1 shortcut: without old log-probs the GRPO loss takes its own (stop-gradient) log-probs,
-which must give the two-pass computation's loss and gradient (rl_loss.make_grpo_loss)."""
+"""The GRPO step's shortcuts give the numbers of the long way: mu = 1 without an old-policy pass (the
+loss takes its own stop-gradient log-probs: same loss and gradient as two passes), and the old and
+reference log-probs scored in one jitted pass (`Sampler.score_states`: same as one pass each)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from dlr_jax.sampling import Sampler
 from dlr_jax.stages import rl
 from tests.stages.test_rl import _rollouts, toy_model  # noqa: F401 - the fixture is used by name
 
@@ -41,3 +43,17 @@ def test_skipping_the_old_policy_pass_keeps_loss_and_gradient(toy_model):  # noq
     assert abs(one_pass[2]["ratio_mean"] / w - 1.0) < 1e-6 and one_pass[2]["clip_ratio/region_mean"] == 0.0
     # the sampler's own log-probs agree with the policy's: the check the skipped pass used to make
     assert one_pass[2]["logprob_gap/max"] / w < 1e-4 and "logprob_gap/max" not in two_pass[2]
+
+
+def test_scoring_several_states_in_one_pass_matches_one_pass_each(toy_model):  # noqa: F811
+    batch, _ = _rollouts(toy_model, temperature=0.7)
+    sampler = Sampler(toy_model, prompt_bucket=4)
+    other = jax.tree.map(lambda x: x * 1.5 if x.ndim == 2 else x, sampler.state)  # a different "reference"
+    kw = dict(temperature=0.7, vocab_mask=np.arange(16) != 5)
+    both = sampler.score_states([sampler.state, other], batch["tokens"], batch["attention_mask"], **kw)
+    alone = [sampler.score(batch["tokens"], batch["attention_mask"], **kw)]
+    sampler.set_state(other)
+    alone.append(sampler.score(batch["tokens"], batch["attention_mask"], **kw))
+    assert not np.allclose(alone[0], alone[1])
+    for a, b in zip(both, alone, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
