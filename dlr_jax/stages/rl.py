@@ -12,7 +12,8 @@ One RL step (`GRPOStep`: a method a phase, so each can be found and timed on its
    recomputed teacher-forced (`Sampler.score_states`: old policy and reference in one jitted pass,
    same T and vocab mask) for exactness, and the gap is reported (`logprob_gap/*`). With one
    optimizer step per rollout batch (mu = 1, one minibatch) the old policy *is* the updating one:
-   that pass is skipped, the loss takes its own log-probs (ratio 1) and the update reports the gap. The reference policy is the frozen SFT model (skipped when beta = 0).
+   that pass is skipped, the loss takes its own log-probs (ratio 1) and the update reports the gap.
+   The reference policy is the frozen SFT model (skipped when beta = 0).
 3. **Rewards.** `R_ans + 0.25 r_proc + 0.1 R_fmt` (weights `rl.*_weight`) from the reward registry;
    r_proc (`dlr_jax.process_reward`) needs the codebook stage's OCR decoder and is skipped, with a
    note, when its weight is 0 or no decoder exists. Then group-normalised advantages.
