@@ -131,7 +131,9 @@ def main(argv: list[str]) -> None:
         "framework": "tunix", "tunix": version("google-tunix"), "jax": jax.__version__, "flax": version("flax")},
         "notes": ["tunix's Llama-3 (tunix.models.llama3) from the same safetensors; fp32",
                   "no EOS stop: the rollout's eos_tokens is an id outside the vocabulary",
-                  "old-policy log-probs computed by tunix only when num_iterations > 1 (its own rule)"]})
+                  "old-policy log-probs computed by tunix only when num_iterations > 1 (its own rule)",
+                  "its scoring returns before the device finishes (async dispatch): that time lands in the "
+                  "next phase that waits, so its score column reads low and its step total is what counts"]})
     import numpy as np
 
     batch = {"prompts": np.array(work["prompt_texts"])}  # one leaf: tunix tree-maps np.repeat over the batch
