@@ -32,7 +32,7 @@ bench: $(STAMP)
 
 # The GRPO peers of `--only grpo_peers` (dlr_jax/bench/grpo_peers.py), each in its own venv: their pins
 # (torch, jax, transformers) differ from ours. PEERS is where the benchmark looks (--peers-dir).
-PEERS ?= /work/peers
+PEERS ?= $(CURDIR)/.peers
 peers:
 	test -x $(PEERS)/trl/bin/python || $(PY) -m venv $(PEERS)/trl
 	$(PEERS)/trl/bin/python -m pip install -q "torch==2.13.0" trl transformers

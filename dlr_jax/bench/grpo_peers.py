@@ -1,6 +1,6 @@
 """One GRPO step: dlr_jax against TRL's `GRPOTrainer` and tunix's `GRPOLearner` (`--only grpo_peers`).
 
-    python -m dlr_jax.bench --only grpo_peers [--peers-size small] [--peers-mu 1,4] [--peers-dir /work/peers]
+    python -m dlr_jax.bench --only grpo_peers [--peers-size small] [--peers-mu 1,4] [--peers-dir .peers]
 
 The same workload for all three: one random Llama saved once with `transformers` `save_pretrained`
 (and a word-level tokenizer whose words are the token ids, so a prompt's text tokenizes to exactly
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -34,7 +35,8 @@ from dlr_jax.bench import peer_protocol as protocol
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = ("dlr_jax", "TRL", "tunix")
 PEER_VENVS = {"TRL": "trl", "tunix": "tunix"}  # framework -> folder under --peers-dir
-DEFAULT_PEERS_DIR = Path("/work/peers")
+# `make peers` creates them in the checkout's .peers/ (DLR_PEERS_DIR elsewhere)
+DEFAULT_PEERS_DIR = Path(os.environ.get("DLR_PEERS_DIR") or Path(__file__).resolve().parents[2] / ".peers")
 PHASES = protocol.PHASES
 
 

@@ -1,6 +1,6 @@
 """TRL's side of `grpo_peers`: a GRPO worker around `trl.GRPOTrainer` (run by the TRL venv's python).
 
-    /work/peers/trl/bin/python dlr_jax/bench/peer_trl.py WORKLOAD.json
+    .peers/trl/bin/python dlr_jax/bench/peer_trl.py WORKLOAD.json
 
 Imports only the standard library, TRL and its stack (no dlr_jax: it is not installed there). The
 trainer is TRL's own, driven by `trainer.train()`; a callback pauses it between GRPO steps until the

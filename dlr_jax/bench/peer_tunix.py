@@ -1,6 +1,6 @@
 """tunix's side of `grpo_peers`: a GRPO worker around tunix's `GRPOLearner` (run by the tunix venv).
 
-    /work/peers/tunix/bin/python dlr_jax/bench/peer_tunix.py WORKLOAD.json
+    .peers/tunix/bin/python dlr_jax/bench/peer_tunix.py WORKLOAD.json
 
 Imports only the standard library, tunix and its stack (no dlr_jax). The policy and the reference
 are tunix's own Llama-3 (`tunix.models.llama3`) loaded from the workload's safetensors; the
