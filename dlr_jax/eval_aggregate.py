@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-METRICS = ("pass_at_1", "L", "n_latents", "gen_tokens")
+METRICS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question")
 
 
 def results_file(workdir: str | Path, stage: str, tag: str = "") -> Path:

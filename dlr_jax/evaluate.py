@@ -45,6 +45,7 @@ import datetime
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,8 @@ def summarise(samples: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dic
               ("finished", "finished")]
     if "format_ok" in per[0][0]:
         fields.append(("format_ok", "format_ok"))
+    if "wall_s" in per[0][0]:  # per-seed mean of each row's share of its batch = generation seconds / n
+        fields.append(("wall_s_per_question", "wall_s"))
     for name, key in fields:
         out[name] = mean_std([float(np.mean([float(s[key]) for s in rows])) for rows in per])
     return out
@@ -191,18 +194,25 @@ def evaluate_examples(
 
     bar = tqdm(total=len(run_seeds) * len(batches), desc=benchmark, unit="batch",
                disable=not progress or jax.process_index() != 0)
+    batch_seconds: list[list[float]] = []
     for seed in run_seeds:
         rows: dict[int, dict[str, Any]] = {}
+        batch_seconds.append([])
         for b, idx in enumerate(batches):
+            t0 = time.perf_counter()  # generate returns host arrays: the clock stops after the device work
             out = sampler.generate(
                 [prompts[i] for i in idx], max_new_tokens=max_new_tokens, temperature=temperature,
                 top_k=top_k, top_p=top_p, stop_ids=stop_ids, rng=jax.random.fold_in(jax.random.key(seed), b),
                 pad_id=tok.pad_id, logits_processor=processor, processor_aux=aux, vocab_mask=vocab_mask,
             )
+            seconds = time.perf_counter() - t0
+            batch_seconds[-1].append(seconds)
+            real = len(set(idx.tolist()))  # the padding repeats cost time too: it is charged to the real rows
             for r, i in enumerate(idx.tolist()):
                 if i not in rows:  # repeats padding the last batch come after the real row
                     gen = out.tokens[r, : out.lengths[r]]
                     rows[i] = _score_one(tok, examples[i], benchmark, gen, bool(out.finished[r]), seed, mode)
+                    rows[i]["wall_s"] = seconds / real
             bar.update(1)
         samples += [rows[i] for i in range(len(examples))]
     bar.close()
@@ -210,7 +220,14 @@ def evaluate_examples(
     metrics = {"benchmark": benchmark, "mode": mode, **summarise(samples, run_seeds), "seeds": run_seeds,
                "seeds_requested": seeds, "greedy_single_run": greedy, "temperature": temperature,
                "force_latents": force_latents, "max_latents": max_latents if mode == "latent" else None,
-               "constrain_format": constrain_format, "std": STD_NOTE}
+               "constrain_format": constrain_format, "std": STD_NOTE,
+               "timing": {"batch_seconds": batch_seconds, "batch_rows": [len(set(i.tolist())) for i in batches],
+                          "note": "generation wall seconds per batch and seed (sampling + host transfer, not "
+                          "scoring); the first batch of each shape includes compilation; wall_s_per_question "
+                          "includes it, warm_wall_s_per_question leaves out the first batch of every seed"}}
+    warm_rows = sum(len(set(i.tolist())) for i in batches[1:])
+    if warm_rows:
+        metrics["warm_wall_s_per_question"] = mean_std([sum(s[1:]) / warm_rows for s in batch_seconds])
     if subsets:
         metrics["subsets"] = {}
         for name, ids in subsets.items():

@@ -1,0 +1,107 @@
+"""`python -m dlr_jax.experiments NAME --seeds 3 --workdir W [--config C] [--set k=v ...]`
+
+The paper's comparisons as one resumable command. Experiments:
+
+  main               Direct-SFT, CoT-SFT, DLR-SFT, DLR-Full (DLR-SFT + latent GRPO), one backbone
+  no_align           DLR-Full without the align stage (sft starts from fresh projectors)
+  no_rl              DLR-Full vs DLR-SFT
+  no_process_reward  latent GRPO with rl.process_weight=0
+  forced_stop        DLR-Full with </latent> forced after n latents (--force-stops, default 2,4,6,8)
+  k_sweep            codebook size K (--k-values; default K/4, K, 4K of the config), codebook onwards per K
+  half_font          CoTs rendered at half the font size (smaller canvas, fewer visual tokens N)
+  ablations          all of the above ablations in one table
+
+Layout: W/seed<s>/<variant>/ is an ordinary dlr_jax workdir per training seed and variant
+(`main` runs every stage; other variants link the stages they share with it and run the rest);
+W/NAME/ holds results.json, table.md, the PNG plots and logs/ (one log per stage command).
+Each stage runs as `python -m dlr_jax.train ...` / `python -m dlr_jax.evaluate ...` in a subprocess;
+a command is skipped once its outputs exist and a stopped stage resumes, so rerunning the same
+command continues where it stopped. `--dry-run` prints every command (and whether it is done).
+The report (results.json, table.md, plots) is rewritten after each seed; `--report-only` rebuilds it
+from what exists.
+
+Any backbone config works: `--config configs/qwen3-4b.yaml --set init_from=weights/qwen3-4b` is the
+full-scale run (its eval section's benchmarks become the table's benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlr_jax.experiments.plan import EXPERIMENTS, experiment
+
+DEFAULT_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dlr_jax.experiments", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", choices=EXPERIMENTS, help="the experiment")
+    p.add_argument("--workdir", required=True, help="root of every workdir of the experiment (W)")
+    p.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1 (default 3)")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default configs/tiny.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every stage (repeatable), e.g. latent.source=codebook")
+    p.add_argument("--k-values", type=_ints, help="K sweep values, e.g. 128,512,2048 (the config's K is added)")
+    p.add_argument("--force-stops", type=_ints, default=[2, 4, 6, 8], help="forced-stop n values (2,4,6,8)")
+    p.add_argument("--dry-run", action="store_true", help="print the commands per seed and variant; run nothing")
+    p.add_argument("--report-only", action="store_true", help="rewrite results.json / table.md / plots only")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from dlr_jax.config import ConfigError, load_config
+    from dlr_jax.experiments import report, runner
+
+    if args.seeds < 1:
+        print("error: --seeds must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, args.overrides)
+        exp = experiment(args.name, cfg, ks=args.k_values, force_stops=args.force_stops)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    root = Path(args.workdir)
+    seeds = list(range(args.seeds))
+    steps = runner.build_steps(exp, root=root, config=args.config, overrides=args.overrides, seeds=seeds)
+    command = shlex.join(["python", "-m", "dlr_jax.experiments", *(sys.argv[1:] if argv is None else argv)])
+    if args.dry_run:
+        print(f"# experiment {exp.name}: {exp.description}; {len(exp.variants)} variant(s) x {len(seeds)} seed(s), "
+              f"{len(steps)} commands")
+        runner.dry_run(steps)
+        return 0
+    out_dir = root / exp.name
+
+    def write_report(_seed: int | None = None) -> None:
+        from dlr_jax.experiments import plots
+
+        res = report.build(exp, root=root, seeds=seeds, command=command, config=args.config,
+                           overrides=args.overrides, steps_done=sum(s.is_done() for s in steps),
+                           steps_total=len(steps))
+        report.write(res, out_dir)
+        made = plots.write_plots(res, out_dir)
+        print(f"[experiments] wrote {out_dir / 'results.json'}, {out_dir / 'table.md'}"
+              + "".join(f", {p.name}" for p in made), flush=True)
+
+    if args.report_only:
+        write_report()
+        return 0
+    print(f"[experiments] {exp.name}: {len(exp.variants)} variant(s) x {len(seeds)} seed(s), {len(steps)} commands "
+          f"({sum(s.is_done() for s in steps)} done); workdirs under {root}", flush=True)
+    rc = runner.run_steps(steps, after_seed=write_report, out=lambda s: print(s, flush=True))
+    if rc == 0:
+        print((out_dir / "table.md").read_text(), flush=True)
+    return rc

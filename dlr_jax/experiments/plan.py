@@ -1,0 +1,180 @@
+"""What an experiment runs: its variants (one workdir per variant and training seed), the stage
+commands each variant needs, and the evaluations its table reads.
+
+Nothing here imports JAX or touches a checkpoint: planning reads the resolved config only, so
+`--dry-run` works for any config (a real backbone's included) on any machine.
+
+Sharing. The `main` variant of a seed runs every stage. Another variant runs only the stages its
+change affects and *links* (relative symlinks) the finished products of the others from the same
+seed's `main` workdir: e.g. `no_process_reward` links textsft, codebook, latents, align and sft and
+runs rl alone; the K sweep links the text-SFT models (they have no latent rows) and trains its own
+codebook onwards. A linked stage is never rerun, and every stage command is skipped once its
+`final/meta.json` exists (the stages resume mid-way by themselves).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from dlr_jax.config import Config
+
+# Training commands in pipeline order; textsft trains CoT-SFT and Direct-SFT (--mode both).
+STAGE_ORDER = ("textsft", "codebook", "export", "align", "sft", "rl")
+# The directories a finished training command leaves (each with final/meta.json).
+DONE_DIRS = {"textsft": ("textsft_cot", "textsft_direct"), "codebook": ("codebook",), "export": ("export",),
+             "align": ("align",), "sft": ("sft",), "rl": ("rl",)}
+# What a variant links when it reuses a stage: its done dirs plus the files later stages read.
+PRODUCTS = {**DONE_DIRS, "export": ("export", "latents")}
+FULL = "DLR-Full"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One training configuration; its workdir is <W>/seed<s>/<name>."""
+
+    name: str
+    overrides: tuple[str, ...] = ()  # --set values on top of the experiment's (they win)
+    runs: tuple[str, ...] = STAGE_ORDER  # training commands run in its own workdir, in order
+    reuse: tuple[str, ...] = ()  # stages linked from the seed's main workdir
+    # The tokenizer holds K latent ids, so variants that change K build their own.
+    link_tokenizer: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One row of the table: a stage of a variant, evaluated (optionally with a forced stop)."""
+
+    label: str
+    variant: str
+    stage: str
+    force_latents: int | None = None
+    group: str = ""  # "k_sweep" / "forced_stop": the rows a plot draws
+    x: float | None = None  # the swept value (K, n)
+
+    @property
+    def tag(self) -> str:
+        return "" if self.force_latents is None else f"n{self.force_latents}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    variants: tuple[Variant, ...]
+    methods: tuple[Method, ...]
+    full: str = FULL  # p-values compare every row with this one
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command of the plan, with the files whose presence means it is done."""
+
+    seed: int
+    variant: str
+    kind: str  # "train" | "evaluate"
+    stage: str
+    argv: tuple[str, ...]
+    done_files: tuple[Path, ...]
+    workdir: Path
+    links: tuple[tuple[Path, Path], ...] = ()  # (link, target) made before the command runs
+    log: Path | None = None
+
+    def is_done(self) -> bool:
+        return all(f.is_file() for f in self.done_files)
+
+    def shell(self) -> str:
+        return shlex.join(self.argv)
+
+
+EXPERIMENTS = ("main", "no_align", "no_rl", "no_process_reward", "forced_stop", "k_sweep", "half_font", "ablations")
+
+
+def codebook_stages(cfg: Config) -> tuple[str, ...]:
+    return ("codebook", "export") if cfg.latent.source == "codebook" else ()
+
+
+def main_variant(cfg: Config) -> Variant:
+    return Variant("main", runs=("textsft", *codebook_stages(cfg), "align", "sft", "rl"))
+
+
+def half_font_overrides(cfg: Config) -> tuple[str, ...]:
+    """Glyphs at half the size: the same text fills a quarter of the area, so the canvas (and N =
+    (side/64)^2) shrinks. With a fixed canvas (min_side == max_side, as configs/tiny.yaml) the side is
+    halved too, else the text would just sit in a corner of the same N-token image."""
+    c = cfg.codebook
+    out = [f"codebook.font_mean={c.font_mean / 2:g}", f"codebook.font_std={c.font_std / 2:g}",
+           f"codebook.font_min={max(1, round(c.font_min / 2))}", f"codebook.font_max={max(1, round(c.font_max / 2))}"]
+    if c.min_side == c.max_side:
+        side = max(64, c.max_side // 2)
+        out += [f"codebook.min_side={side}", f"codebook.max_side={side}"]
+    return tuple(out)
+
+
+def k_values(cfg: Config, given: Sequence[int] | None) -> tuple[int, ...]:
+    """The K sweep: the config's K and K/4, 4K unless given; always including the config's K (that
+    point is the main run's DLR-Full)."""
+    k = cfg.latent.num_latents
+    vals = set(given) if given else {max(2, k // 4), k, 4 * k}
+    vals.add(k)
+    return tuple(sorted(vals))
+
+
+def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
+               force_stops: Sequence[int] = (2, 4, 6, 8)) -> Experiment:
+    """The variants and table rows of experiment `name` (see EXPERIMENTS) for the resolved config."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
+    cb = codebook_stages(cfg)
+    main = main_variant(cfg)
+    full = Method(FULL, "main", "rl")
+    if name == "main":
+        return Experiment("main", "Direct-SFT, CoT-SFT, DLR-SFT and DLR-Full (= DLR-SFT + latent GRPO) on one "
+                          "backbone", (main,),
+                          (Method("Direct-SFT", "main", "textsft_direct"), Method("CoT-SFT", "main", "textsft_cot"),
+                           Method("DLR-SFT", "main", "sft"), full))
+    parts: dict[str, tuple[tuple[Variant, ...], tuple[Method, ...]]] = {}
+    # w/o align: align trains 1 step at learning rate 0, which saves the freshly built latent LM (random
+    # projectors, the codebook's rows) as align's output — exactly what sft would start from without the
+    # stage — so the stage code needs no switch for the ablation.
+    parts["no_align"] = ((Variant("no_align", ("train.align.learning_rate=0.0", "train.align.num_steps=1",
+                                               "train.align.warmup_ratio=0.0"),
+                                  runs=("align", "sft", "rl"), reuse=("textsft", *cb)),),
+                         (Method("w/o align", "no_align", "rl"),))
+    parts["no_rl"] = ((), (Method("w/o RL (= DLR-SFT)", "main", "sft"),))
+    parts["no_process_reward"] = ((Variant("no_process_reward", ("rl.process_weight=0.0",), runs=("rl",),
+                                           reuse=("textsft", *cb, "align", "sft")),),
+                                  (Method("w/o process reward", "no_process_reward", "rl"),))
+    parts["forced_stop"] = ((), tuple(Method(f"forced stop n={n}", "main", "rl", force_latents=n, group="forced_stop",
+                                             x=float(n)) for n in force_stops))
+    kv = k_values(cfg, ks)
+    k0 = cfg.latent.num_latents
+    parts["k_sweep"] = (tuple(Variant(f"k{k}", (f"latent.num_latents={k}",), runs=(*cb, "align", "sft", "rl"),
+                                      reuse=("textsft",), link_tokenizer=False) for k in kv if k != k0),
+                        tuple(Method(f"K={k}" + (" (= DLR-Full)" if k == k0 else ""), "main" if k == k0 else f"k{k}",
+                                     "rl", group="k_sweep", x=float(k)) for k in kv))
+    if cfg.latent.source == "codebook":
+        parts["half_font"] = ((Variant("half_font", half_font_overrides(cfg), runs=(*cb, "align", "sft", "rl"),
+                                       reuse=("textsft",)),),
+                              (Method("half font", "half_font", "rl"),))
+    elif name in ("half_font", "ablations"):
+        if name == "half_font":
+            raise ValueError("half_font changes the rendering of the codebook stage: it needs latent.source=codebook")
+    chosen = [n for n in parts if name in (n, "ablations")]
+    variants: list[Variant] = [main]
+    methods: list[Method] = [full]
+    for n in chosen:
+        vs, ms = parts[n]
+        variants += [v for v in vs if v not in variants]
+        methods += [m for m in ms if m.label != full.label and not (m.variant == "main" and m.stage == "rl"
+                                                                      and m.force_latents is None)]
+    if name in ("k_sweep", "ablations"):  # the config's K is the full method: keep it in the sweep's plot
+        methods = [dataclasses.replace(full, group="k_sweep", x=float(k0)), *methods[1:]]
+    desc = {"no_align": "DLR-Full without the align stage", "no_rl": "DLR-Full vs DLR-SFT",
+            "no_process_reward": "DLR-Full vs latent GRPO without the process reward",
+            "forced_stop": "DLR-Full with </latent> forced after n latents",
+            "k_sweep": f"codebook size K in {list(kv)}", "half_font": "CoTs rendered at half the font size",
+            "ablations": "every ablation of the paper's table"}[name]
+    return Experiment(name, desc, tuple(variants), tuple(methods))

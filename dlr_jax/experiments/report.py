@@ -1,0 +1,224 @@
+"""From the evaluations' results files to W/NAME/results.json and W/NAME/table.md: per seed and
+method Pass@1, #L, generated tokens and wall seconds per question; then mean ± std over seeds, the
+paired p-value against the full method, the share of the Direct→CoT gap a method closes, and the
+cost of latent vs textual reasoning (CoT-SFT vs the DLR rows on the same backbone)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlr_jax.experiments.plan import Experiment, Method
+from dlr_jax.experiments.runner import seed_dir
+from dlr_jax.experiments.stats import mean_std, paired_t_test
+
+FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")
+
+
+def results_path(root: Path, seed: int, m: Method) -> Path:
+    return seed_dir(root, seed) / m.variant / m.stage / "eval" / (f"results_{m.tag}.json" if m.tag else "results.json")
+
+
+def read_method(root: Path, seed: int, m: Method) -> dict[str, dict[str, Any]] | None:
+    """{benchmark: {field: value (the evaluation's mean over its eval seeds), "n": n}} or None if not yet run."""
+    f = results_path(root, seed, m)
+    if not f.is_file():
+        return None
+    res = json.loads(f.read_text())
+    out = {}
+    for bench, r in res["benchmarks"].items():
+        row: dict[str, Any] = {"n": r["n"], "file": str(f)}
+        for k in FIELDS:
+            if k in r:
+                row[k] = float(r[k]["mean"])
+        out[bench] = row
+    return out
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {usable} usable cores; python {platform.python_version()}"
+
+
+def reward_curves(root: Path, seeds: Sequence[int], variants: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per variant with an rl stage and seed: the held-out/pool reward curve (`eval/reward` rows) and the
+    per-step training reward, from <workdir>/rl/metrics.jsonl."""
+    out: dict[str, dict[str, Any]] = {}
+    for v in variants:
+        for s in seeds:
+            f = seed_dir(root, s) / v / "rl" / "metrics.jsonl"
+            if not f.is_file() or f.parent.parent.joinpath("rl").is_symlink():
+                continue
+            evals: dict[int, tuple[float, float]] = {}
+            train: dict[int, float] = {}
+            for line in f.read_text().splitlines():  # a resumed run repeats steps: the last row wins
+                m = json.loads(line)
+                if "eval/reward" in m:
+                    evals[int(m["step"])] = (float(m["eval/reward"]), float(m.get("eval/accuracy", float("nan"))))
+                if "reward" in m:
+                    train[int(m["step"])] = float(m["reward"])
+            out.setdefault(v, {})[str(s)] = {"eval": [[k, *evals[k]] for k in sorted(evals)],
+                                             "train": [[k, train[k]] for k in sorted(train)]}
+    return out
+
+
+def summarise(exp: Experiment, per_seed: Mapping[str, Mapping[int, Any]], seeds: Sequence[int]) -> dict[str, Any]:
+    """{benchmark: {label: {field: {"mean", "std", "per_seed"}, "seeds", "p_vs_full", "t_vs_full"}}}."""
+    benches: list[str] = []
+    for rows in per_seed.values():
+        for r in rows.values():
+            benches += [b for b in (r or {}) if b not in benches]
+    full = per_seed.get(exp.full, {})
+    out: dict[str, Any] = {}
+    for b in benches:
+        table: dict[str, Any] = {}
+        for m in exp.methods:
+            have = {s: r[b] for s, r in per_seed[m.label].items() if r and b in r}
+            if not have:
+                continue
+            row: dict[str, Any] = {"seeds": sorted(have), "n": next(iter(have.values()))["n"]}
+            for k in FIELDS:
+                vals = [have[s][k] for s in sorted(have) if k in have[s]]
+                if len(vals) == len(have):
+                    mu, sd = mean_std(vals)
+                    row[k] = {"mean": mu, "std": sd, "per_seed": vals}
+            if m.label != exp.full:
+                common = [s for s in sorted(have) if full.get(s) and b in full[s]]
+                t, p = paired_t_test([have[s]["pass_at_1"] for s in common],
+                                     [full[s][b]["pass_at_1"] for s in common])
+                row.update(t_vs_full=t, p_vs_full=p, paired_seeds=common)
+            table[m.label] = row
+        out[b] = table
+    return out
+
+
+def gap_closed(per_seed: Mapping[str, Mapping[int, Any]], bench: str, label: str) -> dict[str, Any] | None:
+    """(method - Direct-SFT) / (CoT-SFT - Direct-SFT) of Pass@1, per seed, then mean ± std — the issue's
+    "closes x % of the Direct→CoT gap"; None without the three rows."""
+    need = ("Direct-SFT", "CoT-SFT", label)
+    if not all(k in per_seed for k in need):
+        return None
+    vals = []
+    for s, r in per_seed[label].items():
+        d, c = per_seed["Direct-SFT"].get(s), per_seed["CoT-SFT"].get(s)
+        if r and d and c and bench in r and bench in d and bench in c:
+            gap = c[bench]["pass_at_1"] - d[bench]["pass_at_1"]
+            if gap != 0:
+                vals.append((r[bench]["pass_at_1"] - d[bench]["pass_at_1"]) / gap)
+    if not vals:
+        return None
+    mu, sd = mean_std(vals)
+    return {"mean": mu, "std": sd, "per_seed": vals}
+
+
+def cost(table: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """CoT-SFT vs every latent row on the same backbone: ratios of mean #L, generated tokens and wall
+    seconds per question (warm, i.e. without the batch that compiled, when measured)."""
+    cot = table.get("CoT-SFT")
+    if not cot:
+        return []
+    out = []
+    for label, row in table.items():
+        if label in ("CoT-SFT", "Direct-SFT"):
+            continue
+        item: dict[str, Any] = {"vs": label}
+        for k in ("L", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question"):
+            if k in row and k in cot and row[k]["mean"] > 0:
+                item[f"{k}_ratio"] = cot[k]["mean"] / row[k]["mean"]
+        out.append(item)
+    return out
+
+
+def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, config: str,
+          overrides: Sequence[str], steps_done: int, steps_total: int) -> dict[str, Any]:
+    per_seed = {m.label: {s: read_method(root, s, m) for s in seeds} for m in exp.methods}
+    summary = summarise(exp, per_seed, seeds)
+    results: dict[str, Any] = {
+        "experiment": exp.name, "description": exp.description, "full_method": exp.full,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(),
+        "command": command, "config": config, "overrides": list(overrides), "seeds": list(seeds),
+        "status": {"steps_done": steps_done, "steps_total": steps_total},
+        "notes": ["pass_at_1 in [0, 1]; std = population std (ddof=0) over training seeds",
+                  "p_vs_full: paired t-test of Pass@1 over the seeds both rows have (two-sided)",
+                  "run.seed also seeds the synthetic data generator: each seed has its own train/test draw, "
+                  "shared by every method of that seed (the pairing)",
+                  "wall_s_per_question: generation seconds / questions of each evaluation, the batch that "
+                  "compiled included; warm_: without the first batch"],
+        "methods": [{"label": m.label, "variant": m.variant, "stage": m.stage, "force_latents": m.force_latents,
+                     "group": m.group, "x": m.x,
+                     "per_seed": {str(s): r for s, r in per_seed[m.label].items() if r}} for m in exp.methods],
+        "summary": summary,
+        "reward_curves": reward_curves(root, seeds, [v.name for v in exp.variants if "rl" in v.runs]),
+    }
+    results["gap_closed"] = {b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
+                                 if (g := gap_closed(per_seed, b, lab)) is not None} for b in summary}
+    results["cost"] = {b: cost(t) for b, t in summary.items()}
+    return results
+
+
+def _pm(x: Mapping[str, Any] | None, scale: float = 1.0, digits: int = 1) -> str:
+    if not x:
+        return "—"
+    return f"{scale * x['mean']:.{digits}f} ± {scale * x['std']:.{digits}f}"
+
+
+def _p(p: float | None) -> str:
+    if p is None:
+        return "—"
+    if p != p:  # nan: fewer than 2 paired seeds or identical values
+        return "n/a"
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def markdown(results: Mapping[str, Any]) -> str:
+    full = results["full_method"]
+    lines = [f"### Experiment `{results['experiment']}`: {results['description']}", "",
+             f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
+             f"Date: {results['date']}; steps done {results['status']['steps_done']} of "
+             f"{results['status']['steps_total']}; training seeds {results['seeds']}", ""]
+    for b, table in results["summary"].items():
+        lines += [f"Benchmark `{b}`; Pass@1 mean ± std over training seeds (population std), p = paired t-test "
+                  f"vs {full} over seeds.", "",
+                  "| method | seeds | Pass@1 (%) | per seed (%) | #L | generated tokens / question | "
+                  "wall ms / question (warm) | p vs " + full + " |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for label, row in table.items():
+            per = ", ".join(f"{100 * v:.1f}" for v in row["pass_at_1"]["per_seed"])
+            wall = row.get("warm_wall_s_per_question") or row.get("wall_s_per_question")
+            lines.append(f"| {label} | {len(row['seeds'])} | {_pm(row['pass_at_1'], 100)} | {per} | "
+                         f"{_pm(row.get('L'), 1, 2)} | {_pm(row.get('gen_tokens'))} | {_pm(wall, 1000, 2)} | "
+                         f"{_p(row.get('p_vs_full'))} |")
+        gaps = results.get("gap_closed", {}).get(b, {})
+        if gaps:
+            lines += ["", "Share of the Direct-SFT → CoT-SFT gap closed (per seed, then mean ± std): " + "; ".join(
+                f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %" for lab, g in gaps.items()) + "."]
+        for c in results.get("cost", {}).get(b, []):
+            if c["vs"] != full:
+                continue
+            parts = [f"#L {c['L_ratio']:.1f}×" if "L_ratio" in c else None,
+                     f"generated tokens {c['gen_tokens_ratio']:.1f}×" if "gen_tokens_ratio" in c else None,
+                     f"wall time per question {c['warm_wall_s_per_question_ratio']:.1f}× (warm)"
+                     if "warm_wall_s_per_question_ratio" in c else None]
+            lines += ["", f"Latent vs CoT cost (CoT-SFT / {full}, same backbone, same evaluation batches): "
+                      + ", ".join(p for p in parts if p) + "."]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(results: Mapping[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / "table.md").write_text(markdown(results))
