@@ -299,3 +299,18 @@ def test_cot_reasoning_length_counts_cot_tokens_before_answer(tok):
     assert lat.metrics["L"]["mean"] == lat.metrics["n_latents"]["mean"] == 3.0
     direct = ev.reasoning_length(tok, np.asarray(path[1:]), "direct", 0)
     assert direct == 0
+
+
+def test_wall_time_per_question_is_each_batch_shared_by_its_real_rows(tok):
+    model = BigramLM(scripted_table(tok, n_latents=3))
+    res = ev.evaluate_examples(model, tok, _examples(6), "synthetic", max_new_tokens=20, max_latents=8,
+                               batch_size=4, prompt_bucket=16)
+    t = res.metrics["timing"]
+    assert t["batch_rows"] == [4, 2]  # the last batch is padded to 4 with repeats that are not charged
+    (secs,) = t["batch_seconds"]
+    assert len(secs) == 2 and all(s > 0 for s in secs)
+    by_id = {s["id"]: s["wall_s"] for s in res.samples}
+    first = {s["id"] for s in res.samples if s["wall_s"] == pytest.approx(secs[0] / 4)}
+    assert len(first) == 4 and all(by_id[i] == pytest.approx(secs[1] / 2) for i in set(by_id) - first)
+    assert res.metrics["wall_s_per_question"]["mean"] == pytest.approx(sum(secs) / 6)
+    assert res.metrics["warm_wall_s_per_question"]["mean"] == pytest.approx(secs[1] / 2)

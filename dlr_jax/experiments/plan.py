@@ -138,9 +138,10 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
     parts: dict[str, tuple[tuple[Variant, ...], tuple[Method, ...]]] = {}
     # w/o align: align trains 1 step at learning rate 0, which saves the freshly built latent LM (random
     # projectors, the codebook's rows) as align's output — exactly what sft would start from without the
-    # stage — so the stage code needs no switch for the ablation.
+    # stage — so the stage code needs no switch for the ablation. num_epochs=0: the paper recipe counts
+    # align in epochs, which would replace the one step by three epochs of no-ops.
     parts["no_align"] = ((Variant("no_align", ("train.align.learning_rate=0.0", "train.align.num_steps=1",
-                                               "train.align.warmup_ratio=0.0"),
+                                               "train.align.num_epochs=0", "train.align.warmup_ratio=0.0"),
                                   runs=("align", "sft", "rl"), reuse=("textsft", *cb)),),
                          (Method("w/o align", "no_align", "rl"),))
     parts["no_rl"] = ((), (Method("w/o RL (= DLR-SFT)", "main", "sft"),))

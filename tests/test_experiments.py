@@ -1,0 +1,295 @@
+"""The experiment runner: p-values against hand-computed cases, planning (variants, shared stages,
+commands for tiny and a real-backbone config, nothing written by --dry-run), running with skip /
+resume / failure reporting on stand-in commands, the report (table, gap, cost, plots) from results
+files, and one slow end-to-end `main --seeds 1` on a micro config."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlr_jax.config import load_config
+from dlr_jax.experiments import main as cli_main
+from dlr_jax.experiments import plots, report, runner
+from dlr_jax.experiments.plan import Method, Step, experiment, half_font_overrides, k_values
+from dlr_jax.experiments.stats import betainc, paired_t_test, t_two_sided_p
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs" / "tiny.yaml")
+
+# ---------------------------------------------------------------------------------------------
+# Statistics.
+
+
+def test_paired_t_test_matches_a_hand_computed_case():
+    # d = [0.1, 0.15, 0.05]: mean 0.1, sd 0.05, t = 0.1 / (0.05 / sqrt 3) = 2 sqrt 3, df = 2.
+    # For df = 2 the t CDF is 1/2 + t / (2 sqrt(2 + t^2)), so p = 1 - t / sqrt(2 + t^2) = 1 - sqrt(12/14).
+    a, b = [0.5, 0.6, 0.7], [0.4, 0.45, 0.65]
+    t, p = paired_t_test(a, b, use_scipy=False)
+    assert t == pytest.approx(2 * math.sqrt(3))
+    assert p == pytest.approx(1 - math.sqrt(12 / 14), rel=1e-10)  # 0.07418...
+    try:
+        import scipy  # noqa: F401
+    except ImportError:
+        print("scipy not installed: only the written-out t distribution is checked")
+        return
+    t2, p2 = paired_t_test(a, b, use_scipy=True)
+    assert (t2, p2) == pytest.approx((t, p), rel=1e-9)
+
+
+def test_t_distribution_closed_forms():
+    # df = 1 is the Cauchy distribution: p = 1 - (2 / pi) atan |t|.
+    for t in (0.3, 1.0, 4.0, 30.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), rel=1e-10)
+        assert t_two_sided_p(-t, 1) == t_two_sided_p(t, 1)
+    # df = 4 goes through I_x(2, 1/2), which integrates in closed form to 1 - (1 + x/2) sqrt(1 - x).
+    for x in (0.1, 0.5, 0.9):
+        assert betainc(2.0, 0.5, x) == pytest.approx(1 - (1 + x / 2) * math.sqrt(1 - x), rel=1e-10)
+    assert t_two_sided_p(0.0, 5) == pytest.approx(1.0) and t_two_sided_p(math.inf, 5) == 0.0
+
+
+def test_degenerate_pairs():
+    assert all(math.isnan(v) for v in paired_t_test([0.5], [0.4]))  # one seed: no test
+    assert all(math.isnan(v) for v in paired_t_test([0.5, 0.6], [0.5, 0.6]))  # all differences 0
+    t, p = paired_t_test([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])  # all differ by exactly 0.1 (in binary: almost)
+    assert p < 1e-6 and t > 0
+    assert paired_t_test([1.0, 2.0], [0.0, 1.0]) == (math.inf, 0.0)
+    with pytest.raises(ValueError, match="equal lengths"):
+        paired_t_test([1.0, 2.0], [1.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning.
+
+
+def _tiny(*extra: str):
+    return load_config(TINY, ["latent.source=codebook", *extra])
+
+
+def test_main_plan_and_the_ablations_share_stages():
+    cfg = _tiny()
+    main = experiment("main", cfg)
+    assert [m.label for m in main.methods] == ["Direct-SFT", "CoT-SFT", "DLR-SFT", "DLR-Full"]
+    assert main.variants[0].runs == ("textsft", "codebook", "export", "align", "sft", "rl")
+    ab = experiment("ablations", cfg)
+    v = {x.name: x for x in ab.variants}
+    assert set(v) == {"main", "no_align", "no_process_reward", "k128", "k2048", "half_font"}
+    assert v["no_process_reward"].runs == ("rl",) and "sft" in v["no_process_reward"].reuse
+    assert v["no_align"].runs == ("align", "sft", "rl") and "train.align.learning_rate=0.0" in v["no_align"].overrides
+    assert v["k128"].reuse == ("textsft",) and not v["k128"].link_tokenizer  # the tokenizer holds K ids
+    labels = [m.label for m in ab.methods]
+    assert labels[0] == "DLR-Full" and len(labels) == len(set(labels))
+    assert [m.force_latents for m in ab.methods if m.group == "forced_stop"] == [2, 4, 6, 8]
+    assert sorted(m.x for m in ab.methods if m.group == "k_sweep") == [128, 512, 2048]
+    # random latent ids: no codebook stages, and no half-font experiment (it changes the rendering)
+    rnd = load_config(TINY, ["latent.source=random"])
+    assert experiment("main", rnd).variants[0].runs == ("textsft", "align", "sft", "rl")
+    with pytest.raises(ValueError, match="latent.source=codebook"):
+        experiment("half_font", rnd)
+    with pytest.raises(ValueError, match="unknown experiment"):
+        experiment("nope", cfg)
+
+
+def test_half_font_and_k_values_follow_the_config():
+    tiny = _tiny()  # fixed 128-px canvas: the side halves with the font (N 4 -> 1)
+    assert half_font_overrides(tiny) == ("codebook.font_mean=8.75", "codebook.font_std=0.75", "codebook.font_min=8",
+                                         "codebook.font_max=10", "codebook.min_side=64", "codebook.max_side=64")
+    real = load_config(ROOT / "configs" / "qwen3-4b.yaml")  # canvas sized to the text: fonts only
+    assert all("side" not in o for o in half_font_overrides(real))
+    assert k_values(real, None) == (2500, 10000, 40000)
+    assert k_values(tiny, [64, 256]) == (64, 256, 512)  # the config's K is always a point
+
+
+def test_steps_link_from_main_and_skip_what_is_done(tmp_path):
+    exp = experiment("no_process_reward", _tiny())
+    steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=["latent.source=codebook"], seeds=[0, 1])
+    kinds = [(s.seed, s.variant, s.kind, s.stage) for s in steps]
+    assert kinds[:7] == [(0, "main", "train", st) for st in ("textsft", "codebook", "export", "align", "sft", "rl")] \
+        + [(0, "no_process_reward", "train", "rl")]
+    assert kinds[7:9] == [(0, "main", "evaluate", "rl"), (0, "no_process_reward", "evaluate", "rl")]
+    assert kinds[9][0] == 1 and len(steps) == 18
+    rl = steps[6]
+    assert "--set" in rl.argv and "rl.process_weight=0.0" in rl.argv and "run.seed=0" in rl.argv
+    assert rl.argv.index("rl.process_weight=0.0") > rl.argv.index("latent.source=codebook")  # the variant wins
+    assert dict(rl.links)[tmp_path / "seed0/no_process_reward/sft"] == tmp_path / "seed0/main/sft"
+    assert steps[0].argv[steps[0].argv.index("--mode") + 1] == "both"  # textsft trains CoT and Direct
+    assert not any(s.is_done() for s in steps)
+    for d in ("textsft_cot", "textsft_direct"):
+        (tmp_path / "seed0/main" / d / "final").mkdir(parents=True)
+        (tmp_path / "seed0/main" / d / "final/meta.json").write_text("{}")
+    assert steps[0].is_done() and not steps[1].is_done()
+
+
+def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path, capsys):
+    w = tmp_path / "w"
+    rc = cli_main(["ablations", "--config", str(ROOT / "configs/qwen3-4b.yaml"), "--workdir", str(w), "--seeds", "2",
+                   "--set", "init_from=/weights/qwen3-4b", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0 and not w.exists()
+    lines = [x for x in out.splitlines() if not x.startswith("#")]
+    train = [x for x in lines if "dlr_jax.train" in x]
+    assert all("configs/qwen3-4b.yaml" in x and "init_from=/weights/qwen3-4b" in x for x in train)
+    assert all("dlr_jax.evaluate --workdir" in x for x in lines if x not in train)  # evaluate reads the workdir
+    assert sum("--stage codebook" in x for x in lines) == 2 * 4  # main, K/4, 4K, half font per seed
+    assert any("latent.num_latents=40000" in x for x in lines) and any("--force-latents 8" in x for x in lines)
+    assert "seed1/no_align" in out and "(todo)" in out
+
+
+def test_cli_refuses_bad_arguments(tmp_path, capsys):
+    assert cli_main(["main", "--workdir", str(tmp_path), "--seeds", "0"]) == 2
+    assert cli_main(["main", "--workdir", str(tmp_path), "--set", "latent.nope=1", "--dry-run"]) == 2
+    with pytest.raises(SystemExit):
+        cli_main(["main", "--workdir", str(tmp_path), "--k-values", "a,b"])
+    with pytest.raises(SystemExit):
+        cli_main(["--help"])
+    assert "forced_stop" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running (stand-in commands that write the files a stage would).
+
+
+def _writer(*files: Path, code: int = 0) -> tuple[str, ...]:
+    body = "".join(f"p=pathlib.Path({str(f)!r}); p.parent.mkdir(parents=True, exist_ok=True); p.write_text('{{}}');"
+                   for f in files)
+    return (sys.executable, "-c", f"import pathlib,sys; print('working'); {body} sys.exit({code})")
+
+
+def test_run_steps_skips_done_links_and_reports_failures(tmp_path):
+    a, b, c = tmp_path / "main/a/final/meta.json", tmp_path / "v/b.json", tmp_path / "main/c.json"
+    logs = tmp_path / "logs"
+    steps = [Step(0, "main", "train", "a", _writer(a), (a,), tmp_path / "main", log=logs / "a.log"),
+             Step(0, "v", "train", "b", _writer(b), (b,), tmp_path / "v",
+                  links=((tmp_path / "v/a", tmp_path / "main/a"),), log=logs / "b.log"),
+             Step(0, "main", "evaluate", "c", _writer(code=3), (c,), tmp_path / "main", log=logs / "c.log")]
+    seen: list[int] = []
+    msgs: list[str] = []
+    assert runner.run_steps(steps, after_seed=seen.append, out=msgs.append) == 3
+    assert a.is_file() and b.is_file() and os.readlink(tmp_path / "v/a") == "../main/a"
+    assert "FAILED (exit 3)" in msgs[-1] and "working" in msgs[-1] and seen == []
+    # exit 0 without its outputs is a failure too; a rerun skips what is done
+    steps[2] = Step(0, "main", "evaluate", "c", _writer(), (c,), tmp_path / "main", log=logs / "c.log")
+    msgs.clear()
+    assert runner.run_steps(steps, after_seed=seen.append, out=msgs.append) == 1
+    assert "done earlier" in msgs[0] and "done earlier" in msgs[1] and "is missing" in msgs[-1]
+    steps[2] = Step(0, "main", "evaluate", "c", _writer(c), (c,), tmp_path / "main", log=logs / "c.log")
+    assert runner.run_steps(steps, after_seed=seen.append, out=msgs.append) == 0 and seen == [0]
+    # a link over something else is refused, not replaced
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w/a").mkdir()
+    with pytest.raises(FileExistsError):
+        runner.make_links(Step(0, "w", "train", "x", (), (), tmp_path / "w",
+                               links=((tmp_path / "w/a", tmp_path / "main/a"),)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Report and plots from results files.
+
+
+def _results(root: Path, seed: int, m: Method, p: float, L: float, gen: float, wall: float) -> None:
+    f = report.results_path(root, seed, m)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    one = lambda v: {"mean": v, "std": 0.0, "per_seed": [v]}  # noqa: E731
+    f.write_text(json.dumps({"benchmarks": {"synthetic": {
+        "n": 500, "pass_at_1": one(p), "L": one(L), "n_latents": one(L if m.stage in ("sft", "rl") else 0),
+        "gen_tokens": one(gen), "wall_s_per_question": one(wall * 2), "warm_wall_s_per_question": one(wall)}}}))
+
+
+def test_report_table_gap_cost_and_plots(tmp_path):
+    exp = experiment("ablations", _tiny())
+    main = experiment("main", _tiny())
+    acc = {"Direct-SFT": [0.08, 0.10, 0.09], "CoT-SFT": [0.50, 0.46, 0.48], "DLR-SFT": [0.20, 0.22, 0.18],
+           "DLR-Full": [0.30, 0.28, 0.26]}
+    for s in range(3):
+        for m in main.methods:
+            cot = m.label == "CoT-SFT"
+            _results(tmp_path, s, m, acc[m.label][s], 40.0 if cot else 4.0, 50.0 if cot else 10.0,
+                     0.010 if cot else 0.002)
+        mains = {report.results_path(tmp_path, s, x) for x in main.methods}
+        for i, m in enumerate(x for x in exp.methods if report.results_path(tmp_path, s, x) not in mains):
+            _results(tmp_path, s, m, 0.2 - 0.01 * i + 0.001 * s, 4.0, 10.0, 0.002)
+        f = tmp_path / f"seed{s}/main/rl/metrics.jsonl"
+        f.write_text("".join(json.dumps(r) + "\n" for r in [{"step": 1, "reward": 0.1}, {"step": 0, "eval/reward": 0.2},
+                                                             {"step": 2, "reward": 0.3, "eval/reward": 0.25}]))
+    res = report.build(main, root=tmp_path, seeds=[0, 1, 2], command="cmd", config=TINY, overrides=[], steps_done=30,
+                       steps_total=30)
+    table = res["summary"]["synthetic"]
+    assert table["DLR-SFT"]["pass_at_1"]["mean"] == pytest.approx(0.2)
+    assert table["DLR-SFT"]["p_vs_full"] == pytest.approx(paired_t_test(acc["DLR-SFT"], acc["DLR-Full"])[1])
+    assert "p_vs_full" not in table["DLR-Full"]
+    gap = res["gap_closed"]["synthetic"]["DLR-Full"]["per_seed"]
+    assert gap == pytest.approx([(0.30 - 0.08) / 0.42, (0.28 - 0.10) / 0.36, (0.26 - 0.09) / 0.39])
+    (full_cost,) = [c for c in res["cost"]["synthetic"] if c["vs"] == "DLR-Full"]
+    assert full_cost["L_ratio"] == 10 and full_cost["gen_tokens_ratio"] == 5
+    assert full_cost["warm_wall_s_per_question_ratio"] == pytest.approx(5)
+    assert [e[:2] for e in res["reward_curves"]["main"]["0"]["eval"]] == [[0, 0.2], [2, 0.25]]
+    assert res["reward_curves"]["main"]["0"]["train"] == [[1, 0.1], [2, 0.3]]
+    md = report.markdown(res)
+    assert "| DLR-SFT | 3 | 20.0 ± 1.6 | 20.0, 22.0, 18.0 |" in md and "closed" in md and "#L 10.0×" in md
+    report.write(res, tmp_path / "out")
+    assert json.loads((tmp_path / "out/results.json").read_text())["experiment"] == "main"
+    made = plots.write_plots(res, tmp_path / "out")
+    assert [p.name for p in made] == ["rl_reward.png"]  # main has no sweep
+    ab = report.build(exp, root=tmp_path, seeds=[0, 1, 2], command="cmd", config=TINY, overrides=[],
+                      steps_done=1, steps_total=2)
+    made = plots.write_plots(ab, tmp_path / "ab")
+    assert sorted(p.name for p in made) == ["forced_stop.png", "k_sweep.png", "rl_reward.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in made)
+    assert "w/o process reward" in report.markdown(ab)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end.
+
+
+@pytest.mark.slow
+def test_main_end_to_end_on_a_micro_config(tmp_path):
+    """`main --seeds 1`: every stage (codebook latents, process reward on), four evaluations, the table;
+    a rerun skips everything (2.3 min on 2 idle cores, 3.6 under load)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cli_micro import MICRO, child_env, micro_yaml
+    from micro import codebook_nets
+
+    extra = [*codebook_nets(num_queries=4), "latent.source=codebook", "rl.process_weight=0.25", "rl.sample_mesh=",
+             "codebook.train.num_steps=3", "codebook.warmup_steps=1", "codebook.alpha_steps=1",
+             "codebook.kmeans_init_batches=1", "codebook.eval_examples=8", "codebook.train.batch_size=8",
+             "codebook.train.async_checkpointing=false", "codebook.train.progress=false", "codebook.dead_code_every=0",
+             "codebook.eval_batch_size=16", "eval.batch_size=8"]
+    cfg = micro_yaml(tmp_path / "micro.yaml", [*MICRO, *extra])
+    cmd = [sys.executable, "-m", "dlr_jax.experiments", "main", "--seeds", "1", "--workdir", str(tmp_path / "w"),
+           "--config", str(cfg)]
+    r = subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((tmp_path / "w/main/results.json").read_text())
+    assert set(res["summary"]["synthetic"]) == {"Direct-SFT", "CoT-SFT", "DLR-SFT", "DLR-Full"}
+    assert res["status"] == {"steps_done": 10, "steps_total": 10}
+    assert all(r["wall_s_per_question"]["mean"] > 0 for r in res["summary"]["synthetic"].values())
+    assert (tmp_path / "w/main/rl_reward.png").is_file() and "| DLR-Full | 1 |" in r.stdout
+    again = subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("done earlier, skipping") == 10
+
+
+def test_no_align_variant_trains_align_with_zero_updates():
+    """w/o align = align's one step at learning rate 0: the optimizer it gets must leave every
+    parameter where it was built (weight decay included), so sft starts from the untrained projectors."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dlr_jax.trainer import make_optimizer
+
+    (variant,) = [v for v in experiment("no_align", _tiny()).variants if v.name == "no_align"]
+    paper = load_config(ROOT / "configs" / "qwen3-4b.yaml", list(variant.overrides))
+    assert paper.train.align.num_epochs == 0 and paper.train.align.num_steps == 1  # epochs do not win
+    cfg = load_config(TINY, ["latent.source=codebook", *variant.overrides]).train.align
+    tx, _ = make_optimizer(cfg)
+    params = {"w": jnp.asarray(np.random.RandomState(0).randn(4, 3), jnp.float32), "b": jnp.ones(3)}
+    grads = jax.tree.map(lambda x: x * 5.0 + 1.0, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    assert all(float(jnp.max(jnp.abs(u))) == 0.0 for u in jax.tree.leaves(updates))
