@@ -17,6 +17,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt: Any, fig: Any, ax: Any, path: Path, title: str) -> bool:
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)  # figures stay alive in pyplot's registry until closed
+    return True
+
+
 def _group(results: Mapping[str, Any], bench: str, group: str) -> list[tuple[float, dict[str, Any]]]:
     rows = results["summary"].get(bench, {})
     pts = [(m["x"], rows[m["label"]]) for m in results["methods"] if m["group"] == group and m["label"] in rows]
@@ -44,12 +53,7 @@ def sweep_plot(results: Mapping[str, Any], bench: str, group: str, path: Path, *
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"Pass@1 on {bench} (%)")
     seeds = max(len(r["seeds"]) for _, r in pts)
-    ax.set_title(f"{results['experiment']}: mean ± std over {seeds} seed(s)", fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, ax, path, f"{results['experiment']}: mean ± std over {seeds} seed(s)")
 
 
 def reward_plot(results: Mapping[str, Any], path: Path, variant: str = "main") -> bool:
@@ -69,12 +73,7 @@ def reward_plot(results: Mapping[str, Any], path: Path, variant: str = "main") -
                     label=f"seed {seed}: fixed prompts")
     ax.set_xlabel("RL step")
     ax.set_ylabel("mean reward")
-    ax.set_title(f"latent GRPO reward ({variant})", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, ax, path, f"latent GRPO reward ({variant})")
 
 
 def write_plots(results: Mapping[str, Any], out_dir: Path) -> list[Path]:
