@@ -195,10 +195,13 @@ def evaluate_examples(
     bar = tqdm(total=len(run_seeds) * len(batches), desc=benchmark, unit="batch",
                disable=not progress or jax.process_index() != 0)
     batch_seconds: list[list[float]] = []
+    compiled: list[list[bool]] = []  # batches whose generate call compiled (a new prompt bucket): not "warm"
     for seed in run_seeds:
         rows: dict[int, dict[str, Any]] = {}
         batch_seconds.append([])
+        compiled.append([])
         for b, idx in enumerate(batches):
+            variants = sampler.cache_size()
             t0 = time.perf_counter()  # generate returns host arrays: the clock stops after the device work
             out = sampler.generate(
                 [prompts[i] for i in idx], max_new_tokens=max_new_tokens, temperature=temperature,
@@ -207,6 +210,7 @@ def evaluate_examples(
             )
             seconds = time.perf_counter() - t0
             batch_seconds[-1].append(seconds)
+            compiled[-1].append(sampler.cache_size() != variants)
             real = len(set(idx.tolist()))  # the padding repeats cost time too: it is charged to the real rows
             for r, i in enumerate(idx.tolist()):
                 if i not in rows:  # repeats padding the last batch come after the real row
@@ -222,12 +226,16 @@ def evaluate_examples(
                "force_latents": force_latents, "max_latents": max_latents if mode == "latent" else None,
                "constrain_format": constrain_format, "std": STD_NOTE,
                "timing": {"batch_seconds": batch_seconds, "batch_rows": [len(set(i.tolist())) for i in batches],
+                          "batch_compiled": compiled,
                           "note": "generation wall seconds per batch and seed (sampling + host transfer, not "
-                          "scoring); the first batch of each shape includes compilation; wall_s_per_question "
-                          "includes it, warm_wall_s_per_question leaves out the first batch of every seed"}}
-    warm_rows = sum(len(set(i.tolist())) for i in batches[1:])
-    if warm_rows:
-        metrics["warm_wall_s_per_question"] = mean_std([sum(s[1:]) / warm_rows for s in batch_seconds])
+                          "scoring); batch_compiled: the call compiled a new shape (prompt bucket); "
+                          "wall_s_per_question includes those batches, warm_wall_s_per_question only counts "
+                          "the others"}}
+    rows_of = metrics["timing"]["batch_rows"]
+    warm = [[(t, r) for t, r, c in zip(ts, rows_of, cs, strict=True) if not c]
+            for ts, cs in zip(batch_seconds, compiled, strict=True)]
+    if all(warm):
+        metrics["warm_wall_s_per_question"] = mean_std([sum(t for t, _ in w) / sum(r for _, r in w) for w in warm])
     if subsets:
         metrics["subsets"] = {}
         for name, ids in subsets.items():

@@ -313,4 +313,12 @@ def test_wall_time_per_question_is_each_batch_shared_by_its_real_rows(tok):
     first = {s["id"] for s in res.samples if s["wall_s"] == pytest.approx(secs[0] / 4)}
     assert len(first) == 4 and all(by_id[i] == pytest.approx(secs[1] / 2) for i in set(by_id) - first)
     assert res.metrics["wall_s_per_question"]["mean"] == pytest.approx(sum(secs) / 6)
+    assert t["batch_compiled"] == [[True, False]]  # one prompt bucket: only the first call compiles
     assert res.metrics["warm_wall_s_per_question"]["mean"] == pytest.approx(secs[1] / 2)
+    # a sampler that has compiled the shapes already: every batch is warm
+    sampler = Sampler(model, prompt_bucket=16)
+    kw = dict(max_new_tokens=20, max_latents=8, batch_size=4, sampler=sampler)
+    ev.evaluate_examples(None, tok, _examples(2), "synthetic", **kw)
+    again = ev.evaluate_examples(None, tok, _examples(6), "synthetic", **kw).metrics
+    assert again["timing"]["batch_compiled"] == [[False, False]]
+    assert again["warm_wall_s_per_question"]["mean"] == pytest.approx(sum(again["timing"]["batch_seconds"][0]) / 6)

@@ -156,7 +156,7 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
                   "run.seed also seeds the synthetic data generator: each seed has its own train/test draw, "
                   "shared by every method of that seed (the pairing)",
                   "wall_s_per_question: generation seconds / questions of each evaluation, the batch that "
-                  "compiled included; warm_: without the first batch"],
+                  "compiled included; warm_: only the batches that compiled nothing"],
         "methods": [{"label": m.label, "variant": m.variant, "stage": m.stage, "force_latents": m.force_latents,
                      "group": m.group, "x": m.x,
                      "per_seed": {str(s): r for s, r in per_seed[m.label].items() if r}} for m in exp.methods],
