@@ -293,3 +293,12 @@ def test_no_align_variant_trains_align_with_zero_updates():
     grads = jax.tree.map(lambda x: x * 5.0 + 1.0, params)
     updates, _ = tx.update(grads, tx.init(params), params)
     assert all(float(jnp.max(jnp.abs(u))) == 0.0 for u in jax.tree.leaves(updates))
+
+
+def test_report_only_on_a_fresh_workdir_records_the_run_command(tmp_path, capsys):
+    assert cli_main(["main", "--workdir", str(tmp_path), "--seeds", "2", "--report-only"]) == 0
+    res = json.loads((tmp_path / "main/results.json").read_text())
+    assert res["status"] == {"steps_done": 0, "steps_total": 20} and res["summary"] == {}
+    assert res["command"].endswith(f"main --workdir {tmp_path} --seeds 2")
+    assert (tmp_path / "main/table.md").read_text().startswith("### Experiment `main`")
+    assert not list((tmp_path / "main").glob("*.png"))

@@ -77,7 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.workdir)
     seeds = list(range(args.seeds))
     steps = runner.build_steps(exp, root=root, config=args.config, overrides=args.overrides, seeds=seeds)
-    command = shlex.join(["python", "-m", "dlr_jax.experiments", *(sys.argv[1:] if argv is None else argv)])
+    given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"]
+    command = shlex.join(["python", "-m", "dlr_jax.experiments", *given])  # the command that makes these results
     if args.dry_run:
         print(f"# experiment {exp.name}: {exp.description}; {len(exp.variants)} variant(s) x {len(seeds)} seed(s), "
               f"{len(steps)} commands")
