@@ -211,7 +211,9 @@ def markdown(results: Mapping[str, Any]) -> str:
             parts = [f"#L {c['L_ratio']:.1f}×" if "L_ratio" in c else None,
                      f"generated tokens {c['gen_tokens_ratio']:.1f}×" if "gen_tokens_ratio" in c else None,
                      f"wall time per question {c['warm_wall_s_per_question_ratio']:.1f}× (warm)"
-                     if "warm_wall_s_per_question_ratio" in c else None]
+                     if "warm_wall_s_per_question_ratio" in c else None,
+                     f"{c['wall_s_per_question_ratio']:.1f}× counting the batches that compiled"
+                     if "wall_s_per_question_ratio" in c else None]
             lines += ["", f"Latent vs CoT cost (CoT-SFT / {full}, same backbone, same evaluation batches): "
                       + ", ".join(p for p in parts if p) + "."]
         lines.append("")
