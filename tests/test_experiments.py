@@ -251,12 +251,12 @@ def test_report_table_gap_cost_and_plots(tmp_path):
 @pytest.mark.slow
 def test_main_end_to_end_on_a_micro_config(tmp_path):
     """`main --seeds 1`: every stage (codebook latents, process reward on), four evaluations, the table;
-    a rerun skips everything (2.3 min on 2 idle cores, 3.6 under load)."""
+    a rerun skips everything (1.5 min on 2 idle cores; 3.6 to 9.5 min while the machine was shared)."""
     sys.path.insert(0, str(Path(__file__).parent))
     from cli_micro import MICRO, child_env, micro_yaml
     from micro import codebook_nets
 
-    extra = [*codebook_nets(num_queries=4), "latent.source=codebook", "rl.process_weight=0.25", "rl.sample_mesh=",
+    extra = [*codebook_nets(num_queries=4), "latent.source=codebook", "rl.process_weight=0.25",
              "codebook.train.num_steps=3", "codebook.warmup_steps=1", "codebook.alpha_steps=1",
              "codebook.kmeans_init_batches=1", "codebook.eval_examples=8", "codebook.train.batch_size=8",
              "codebook.train.async_checkpointing=false", "codebook.train.progress=false", "codebook.dead_code_every=0",
