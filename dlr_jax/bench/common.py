@@ -166,10 +166,11 @@ def load_average() -> float:
 
 
 def ratio_refusal(loads: list[float], allow_load: bool) -> str | None:
-    """Why a ratio must not be written (the highest load seen while measuring was above MAX_LOAD
-    and --allow-load was not given), or None when it may."""
+    """Why a ratio must not be written (the highest of `loads` — load averages taken while no benchmark
+    work ran, e.g. at the start — was above MAX_LOAD and --allow-load was not given), or None when it may."""
     top = max(loads, default=0.0)
     if top <= MAX_LOAD or allow_load:
         return None
-    return (f"not written: load average reached {top:.2f} (> {MAX_LOAD}) during the run, so the ratio would "
-            "measure contention for the CPU; rerun on an idle machine, or pass --allow-load to write it anyway")
+    return (f"not written: the load average was {top:.2f} (> {MAX_LOAD}) with no benchmark work running, so the "
+            "ratio would measure contention for the CPU; rerun on an idle machine, or pass --allow-load to write "
+            "it anyway")
