@@ -54,6 +54,11 @@ def test_copy_dtype_follows_the_compute_dtype():
     assert copy_dtype("auto", dataclasses.replace(TINY, dtype="float32")) == jnp.float32
     assert copy_dtype("keep", TINY) is None
     assert copy_dtype("float16", TINY) == jnp.float16
+    from dlr_jax.config.base import ConfigError
+    from dlr_jax.config.stages import RLConfig
+
+    with pytest.raises(ConfigError, match="rl.sample_dtype"):
+        RLConfig(sample_dtype="bf17")
 
 
 def _prompts(n: int) -> list[list[int]]:

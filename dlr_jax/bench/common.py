@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from dlr_jax.config import ModelConfig
+from dlr_jax.machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "configs" / "tiny.yaml"  # the demo's config: what most benchmarks default to
@@ -78,14 +79,7 @@ def machine_info() -> dict[str, str]:
     import torch
     import transformers
 
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     try:  # share of the last minute in which some runnable task waited for a CPU
         some = Path("/proc/pressure/cpu").read_text().splitlines()[0]

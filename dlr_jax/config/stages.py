@@ -146,14 +146,8 @@ class RLConfig:
     eval_every: int = 10
 
     def __post_init__(self) -> None:
-        if self.sample_dtype not in ("auto", "keep"):
-            import numpy as np
-
-            try:
-                np.dtype(self.sample_dtype) if self.sample_dtype != "bfloat16" else None
-            except TypeError:
-                raise ConfigError(f"rl.sample_dtype must be auto|keep|a dtype name (bfloat16, float32, ...), "
-                                  f"got {self.sample_dtype!r}") from None
+        if self.sample_dtype not in ("auto", "keep", "bfloat16", "float16", "float32"):
+            raise ConfigError(f"rl.sample_dtype must be auto|keep|bfloat16|float16|float32, got {self.sample_dtype!r}")
 
 
 @dataclasses.dataclass(frozen=True)

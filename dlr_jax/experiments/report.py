@@ -16,6 +16,7 @@ from typing import Any
 from dlr_jax.experiments.plan import Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
+from dlr_jax.machine import cpu_model
 
 FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")
 
@@ -41,14 +42,7 @@ def read_method(root: Path, seed: int, m: Method) -> dict[str, dict[str, Any]] |
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"{model}, {usable} usable cores; python {platform.python_version()}"
 
