@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ModelConfig
-from dlr_jax.models.transformer import KVCache, Transformer
+from dlr_jax.models.transformer import KVCache, Transformer, dense
 from dlr_jax.sharding import constrain, named_sharding
 
 MASKED_LOGIT = -1e9
@@ -308,10 +308,9 @@ class LatentLM(nnx.Module):
     def latent_logits(self, h: Float[Array, "b t d"]) -> Float[Array, "b t k"]:
         """h . P_out(C)^T computed as (h W^T) . C^T + h . b (fp32 out)."""
         dt = h.dtype
-        u = jnp.einsum("btd,cd->btc", h, self.p_out.kernel[...].astype(dt))
-        logits = jnp.einsum(
-            "btc,kc->btk", u, self.codebook[...].astype(dt), preferred_element_type=jnp.float32
-        )
+        # 2-D matmuls over the flattened (b, t) dims: see `transformer.dense`.
+        u = dense(h, self.p_out.kernel[...].astype(dt).T)
+        logits = dense(u, self.codebook[...].astype(dt).T, out_dtype=jnp.float32)
         hb = jnp.einsum("btd,d->bt", h, self.p_out.bias[...].astype(dt), preferred_element_type=jnp.float32)
         return constrain(logits + hb[..., None], ("batch", "length", "act_vocab"))
 

@@ -27,6 +27,7 @@ from dlr_jax.models.transformer import (
     attention,
     causal_mask,
     default_segments_positions,
+    dense,
     rms_norm,
     rope_inv_freq,
 )
@@ -76,22 +77,22 @@ def attention_block(
     """x + o_proj(attn(rope(q), rope(k), v)) with pre-RMSNorm."""
     dt = x.dtype
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
-    q = jnp.einsum("btd,dhk->bthk", h, p["q_proj"].astype(dt))
-    k = jnp.einsum("btd,dhk->bthk", h, p["k_proj"].astype(dt))
-    v = jnp.einsum("btd,dhk->bthk", h, p["v_proj"].astype(dt))
+    q = dense(h, p["q_proj"].astype(dt))
+    k = dense(h, p["k_proj"].astype(dt))
+    v = dense(h, p["v_proj"].astype(dt))
     q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "act_heads", None))
     k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "act_kv_heads", None))
     out = attention(q, k, v, mask, cfg.attention)
-    x = x + jnp.einsum("bthk,hkd->btd", out, p["o_proj"].astype(dt))
+    x = x + dense(out, p["o_proj"].astype(dt), contract=2)
     return constrain(x, ("batch", "length", "act_embed"))
 
 
 def dense_mlp(p: dict[str, jax.Array], h: Float[Array, "b t d"]) -> Float[Array, "b t d"]:
     dt = h.dtype
-    g = jnp.einsum("btd,df->btf", h, p["gate_proj"].astype(dt))
-    u = jnp.einsum("btd,df->btf", h, p["up_proj"].astype(dt))
+    g = dense(h, p["gate_proj"].astype(dt))
+    u = dense(h, p["up_proj"].astype(dt))
     act = constrain(jax.nn.silu(g) * u, ("batch", "length", "act_mlp"))
-    return jnp.einsum("btf,fd->btd", act, p["down_proj"].astype(dt))
+    return dense(act, p["down_proj"].astype(dt))
 
 
 class Ocr2TextModel(nnx.Module):
@@ -109,8 +110,8 @@ class Ocr2TextModel(nnx.Module):
         for name, (shape, init) in attn.items():
             setattr(self, name, param(rngs, shape, LAYER_PARAM_AXES[name], pd, init))
         nd = cfg.count("dense")
-        dense = {"gate_proj": (nd, d, f), "up_proj": (nd, d, f), "down_proj": (nd, f, d)}
-        for name, shape in dense.items():
+        mlp = {"gate_proj": (nd, d, f), "up_proj": (nd, d, f), "down_proj": (nd, f, d)}
+        for name, shape in mlp.items():
             setattr(self, name, param(rngs, shape, LAYER_PARAM_AXES[name], pd))
         self.moe = MoeLayers(cfg.moe, cfg.count("sparse"), rngs=rngs)
         self.final_norm = param(rngs, (d,), ("norm",), pd, "ones")
@@ -124,7 +125,7 @@ class Ocr2TextModel(nnx.Module):
 
     def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
         w = self.embed[...].T if self.cfg.base.tie_embeddings else self.lm_head[...]
-        logits = jnp.einsum("btd,dv->btv", h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+        logits = dense(h, w.astype(h.dtype), out_dtype=jnp.float32)
         return constrain(logits, ("batch", "length", "act_vocab"))
 
     def trunk(

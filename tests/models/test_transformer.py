@@ -169,3 +169,30 @@ def test_every_attention_setting_gives_the_same_outputs_on_cpu(name):
     q, k, v = (jnp.asarray(rs.randn(2, 6, h, 8), jnp.float32) for h in (4, 2, 2))
     mask = causal_mask(jnp.ones((2, 6), jnp.int32))
     np.testing.assert_allclose(attention(q, k, v, mask, name), attention(q, k, v, mask, "xla"), atol=1e-5)
+
+
+def test_gradient_has_no_activation_sized_transposes():
+    """The projections are 2-D matmuls over the flattened (batch, length) dims (`dense`): the weight
+    gradients contract one dim, so XLA:CPU feeds the activation gradients to the matmul as they are.
+    A 3-D einsum here made it write every MLP activation gradient transposed first (a quarter of an
+    SFT step's op time in the `train` benchmark's profile)."""
+    import re
+
+    cfg = dataclasses.replace(CFG, hidden_size=32, intermediate_size=96, num_heads=4, num_kv_heads=2)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    g, st = nnx.split(model)
+    b, t = 4, 20  # 80 tokens: no model width is 80 or a multiple of t
+
+    def loss(st):
+        return jnp.mean(nnx.merge(g, st)(_ids(b, t)) ** 2)
+
+    hlo = jax.jit(jax.grad(loss)).lower(st).compile().as_text()
+    # Data movement (copy / transpose instructions and the loop fusions named after them) whose
+    # result puts a width before the tokens: an activation written transposed, [width, b*t] or
+    # [width, b, t] (a copy in the natural [.., tokens, width] order is the scan's own bookkeeping).
+    moved = []
+    for name, shape in re.findall(r"%((?:copy|transpose)[\w.-]*) = f32\[([\d,]+)\]", hlo):
+        dims = [int(s) for s in shape.split(",")]
+        if dims[-1] == b * t or dims[-2:] == [b, t]:
+            moved.append((name, shape))
+    assert not moved, f"activation gradients written transposed in the backward pass: {moved}"
