@@ -41,6 +41,14 @@ class Size:
         return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads / {self.kv_heads} KV heads "
                 f"(head_dim {self.hidden // self.heads}), MLP {self.mlp}, vocab {self.vocab}")
 
+    def decode_flops(self, batch: int, context: float) -> float:
+        """FLOPs of one greedy decode step for `batch` rows attending to `context` cached positions:
+        2 per multiply-add of every projection, the MLP and the untied head, plus QK^T and PV."""
+        hd = self.hidden // self.heads
+        per_layer = self.hidden * hd * (2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.mlp
+        matmul = 2 * batch * (self.layers * per_layer + self.hidden * self.vocab)
+        return matmul + 4 * batch * self.layers * self.heads * hd * context
+
 
 # medium: the scale of a small real LM's layers (~33M params), still a few minutes on 2 CPU cores.
 SIZES: dict[str, Size] = {

@@ -41,6 +41,8 @@ class SamplingResult:
     identical_frac: float  # fraction of generated positions with the same token
     identical_rows: int
     mean_common_prefix: float
+    gemm_gflops: float = float("nan")  # XLA fp32 [batch, hidden] @ [hidden, mlp]: the decode step's own shape
+    peak_gflops: float = float("nan")  # XLA fp32 1024^3 matmul: what this machine reaches at best
 
     @property
     def tokens(self) -> int:
@@ -49,6 +51,11 @@ class SamplingResult:
     def step_ms(self, full: list[float], prefill: list[float]) -> float:
         """Median decode-step time: (full call - prefill call) / the extra tokens."""
         return 1e3 * (statistics.median(full) - statistics.median(prefill)) / max(self.new_tokens - 1, 1)
+
+    @property
+    def step_gflop(self) -> float:
+        """One decode step's FLOPs (GFLOP), at the mean cached context of the decode."""
+        return self.size.decode_flops(self.batch, self.prompt_len + self.new_tokens / 2) / 1e9
 
     @property
     def ours_tps(self) -> float:
@@ -87,6 +94,17 @@ def copy_bandwidth_gbs(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     np.copyto(dst, src)  # first touch of `dst` pays page faults, not bandwidth
     best = min(timed(lambda: np.copyto(dst, src))[0] for _ in range(repeats))
     return 2 * nbytes / best / 1e9
+
+
+def xla_matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
+    """Best-of-`repeats` GFLOP/s of one jitted fp32 [m, k] @ [k, n] on this machine, now."""
+    rng = np.random.default_rng(0)
+    a = jax.device_put(rng.standard_normal((m, k), np.float32))
+    b = jax.device_put(rng.standard_normal((k, n), np.float32))
+    dot = jax.jit(lambda x, y: x @ y)
+    dot(a, b).block_until_ready()
+    best = min(timed(lambda: dot(a, b).block_until_ready())[0] for _ in range(repeats))
+    return 2 * m * k * n / best / 1e9
 
 
 def token_agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, int, float]:
@@ -142,8 +160,11 @@ def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tok
         log(f"sampling: repeat {r + 1}/{repeats}: ours {ours_s[-1]:.2f}s (prefill {ours_p[-1]:.2f}s), "
             f"transformers {hf_s[-1]:.2f}s (prefill {hf_p[-1]:.2f}s)")
     frac, rows, prefix = token_agreement(ours_tok, hf_tok)
+    gemm = xla_matmul_gflops(batch, size.hidden, size.mlp, repeats=50)
+    peak = xla_matmul_gflops(1024, 1024, 1024, repeats=5)
     return SamplingResult(size, batch, prompt_len, new_tokens, repeats, threads, ours_s, hf_s, ours_first,
-                          hf_first, ours_p, hf_p, param_bytes, copy_bandwidth_gbs(), frac, rows, prefix)
+                          hf_first, ours_p, hf_p, param_bytes, copy_bandwidth_gbs(), frac, rows, prefix,
+                          gemm, peak)
 
 
 
@@ -153,6 +174,7 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str]) -> 
     fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)
     step_o, step_h = res.step_ms(res.ours_s, res.ours_prefill_s), res.step_ms(res.hf_s, res.hf_prefill_s)
     gbs = lambda ms: f"{res.param_bytes / (ms * 1e6):.1f}" if ms > 0 else "n/a"
+    flops = lambda ms: f"{res.step_gflop / (ms / 1e3):.0f}" if ms > 0 else "n/a"
     lines = header("Greedy sampling: dlr_jax.sampling vs transformers generate", command, info) + [
         f"Model: random Llama, {res.size.describe()}; fp32; the same weights on both sides (HF model "
         "saved, then imported with `dlr_jax.convert.load_hf`). "
@@ -174,6 +196,9 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str]) -> 
         f"| decode step ms ((call - prefill call) / {res.new_tokens - 1}) | {step_o:.1f} | {step_h:.1f} |",
         f"| parameter bytes / decode step, GB/s (host copy bandwidth: {res.copy_gbs:.1f}) "
         f"| {gbs(step_o)} | {gbs(step_h)} |",
+        f"| decode step GFLOP/s ({res.step_gflop:.2f} GFLOP a step; XLA fp32 matmul: {res.gemm_gflops:.0f} at "
+        f"{res.batch} x {res.size.hidden} @ {res.size.hidden} x {res.size.mlp}, {res.peak_gflops:.0f} at 1024^3) "
+        f"| {flops(step_o)} | {flops(step_h)} |",
         "",
         f"Speed-up: **{ratio:.2f}x** (target >= 3x). Greedy tokens identical at "
         f"{100 * res.identical_frac:.1f}% of positions; {res.identical_rows}/{res.batch} rows identical "
@@ -204,6 +229,17 @@ def interpret_sampling(res: SamplingResult) -> str:
                   f"{res.copy_gbs:.1f} GB/s copy bandwidth, so it is not memory-bound: per-step work beyond the "
                   "matmuls and CPU time taken by other processes on these 2 shared cores (see the spread of "
                   "the repeats) dominate.")
+    need_ms = step_h / 3
+    if step_o > 0 and res.gemm_gflops == res.gemm_gflops:  # not nan: the roofline was measured
+        need = res.step_gflop / (need_ms / 1e3)
+        limits += (f" Compute: a decode step is {res.step_gflop:.2f} GFLOP ({res.batch} rows through every "
+                   f"matmul); ours runs it at {res.step_gflop / (step_o / 1e3):.0f} GFLOP/s, transformers at "
+                   f"{res.step_gflop / (step_h / 1e3):.0f}. A 3x decode step ({need_ms:.1f} ms) needs {need:.0f} "
+                   f"GFLOP/s: {need / res.gemm_gflops:.1f}x what XLA's fp32 matmul reaches at the step's own "
+                   f"[{res.batch} x {res.size.hidden}] @ [{res.size.hidden} x {res.size.mlp}] shape "
+                   f"({res.gemm_gflops:.0f}) and {need / res.peak_gflops:.1f}x its best at 1024^3 "
+                   f"({res.peak_gflops:.0f})" + (" -- out of reach on this machine at fp32 for any sampler."
+                                                 if need > res.peak_gflops else "."))
     return (f"{verdict} the 3x target ({ratio:.2f}x). The gain is in the decode step ({step} faster: the "
             "whole loop is one XLA `while_loop` with the KV cache updated in place, against per-op PyTorch "
             "dispatch and a growing cache per step); the prefill (all prompt tokens in one pass) differs by "

@@ -130,6 +130,17 @@ def test_render_sampling_has_the_table_and_verdict(sampling_result):
     assert f"{sampling_result.ours_tps:,.0f}" in text and "| decode step ms" in text
     assert ("meets" in text) == (sampling_result.ours_tps / sampling_result.hf_tps >= 3)
     assert "100.0% of positions" in text and "same process" in text
+    assert "| decode step GFLOP/s" in text and "A 3x decode step" in text
+    assert sampling_result.gemm_gflops > 0 and sampling_result.peak_gflops > 0
+
+
+def test_decode_flops_count_every_matmul_and_the_attention():
+    # medium: hidden 512 (8 heads x 64), 4 KV heads, MLP 1536, 8 layers, vocab 8192; by hand:
+    # q, o 512x512 each; k, v 512x256 each; gate, up, down 512x1536 each; head 512x8192.
+    size = common.SIZES["medium"]
+    params = 8 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1536) + 512 * 8192
+    attention = 2 * 2 * 8 * 8 * 64 * 96  # QK^T and PV: 8 layers x 8 heads x head_dim 64 x 96 positions
+    assert size.decode_flops(16, 96) == 16 * (2 * params + attention)
 
 
 # -- CLI -----------------------------------------------------------------------------------------
