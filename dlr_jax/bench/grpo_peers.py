@@ -20,7 +20,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -31,6 +30,7 @@ import numpy as np
 
 from dlr_jax.bench import common
 from dlr_jax.bench import peer_protocol as protocol
+from dlr_jax.bench.workers import Worker
 
 HERE = Path(__file__).resolve().parent
 FRAMEWORKS = ("dlr_jax", "TRL", "tunix")
@@ -94,50 +94,6 @@ def worker_command(framework: str, workload: Path, peers_dir: Path) -> tuple[lis
 
 # ----------------------------------------------------------------------------------------------
 # Workers.
-
-
-class Worker:
-    """One framework's worker process, driven by `peer_protocol` lines."""
-
-    def __init__(self, framework: str, argv: list[str], log_path: Path, log: Callable[[str], None]):
-        self.framework, self.log = framework, log
-        self.log_file = log_path.open("w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
-                                     text=True, bufsize=1, cwd=common.REPO)
-        self.log_path = log_path
-
-    def expect(self, kind: str) -> dict[str, Any]:
-        """Reads stdout up to the next `kind` line; the framework's other output goes to its log."""
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            msg = protocol.parse(line)
-            if msg is None:
-                self.log_file.write(line)
-                continue
-            if msg[0] == kind:
-                return msg[1]
-            raise RuntimeError(f"{self.framework}: expected {kind}, got {msg[0]} {msg[1]}")
-        self.proc.wait()
-        self.log_file.flush()
-        tail = self.log_path.read_text().strip().splitlines()[-15:]
-        raise RuntimeError(f"{self.framework} worker exited (code {self.proc.returncode}) before {kind}:\n"
-                           + "\n".join(tail))
-
-    def step(self) -> dict[str, float]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("step\n")
-        self.proc.stdin.flush()
-        return self.expect(protocol.STEP)
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin is not None and self.proc.poll() is None:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.close()
-            self.proc.wait(timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-        self.log_file.close()
 
 
 @dataclasses.dataclass

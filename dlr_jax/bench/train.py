@@ -10,10 +10,12 @@ Optimiser on both sides: AdamW (b1 0.9, b2 0.999, eps 1e-8, weight decay 0.01 on
 constant learning rate) after global-norm gradient clipping at 1.0; theirs is
 `torch.optim.AdamW(fused=True)` on CPU. A step is timed from the host batch to the loss as a
 Python float on both sides (so each side has finished its work). PyTorch runs at XLA's thread
-count and, on a replica of the same weights, at one thread: on a loaded machine OpenMP can be far
-slower with more threads, and the faster PyTorch setting is the reference the verdict uses. All
-steps are interleaved in one process; since every side starts from the same weights and sees the
-same batch, their losses must agree step for step, and the report shows that they do.
+count and, from the same saved weights, at one thread: on a loaded machine OpenMP can be far
+slower with more threads, and the faster PyTorch setting is the reference the verdict uses. Every
+side runs in its own process (`train_side.py`; in one process the frameworks slow each other down,
+see `workers.py`), their steps interleaved one at a time; since every side starts from the same
+weights and sees the same batch, their losses must agree step for step, and the report shows that
+they do.
 
 Profile: a forward-only loss (no gradient) on each side, the XLA-counted FLOPs of our compiled step
 (`cost_analysis()`), a plain fp32 matmul on each side for what the machine reaches, and the op time
@@ -24,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import dataclasses
-import functools
 import gzip
 import json
 import re
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,7 @@ import yaml
 from flax import nnx
 
 from dlr_jax.bench import common
+from dlr_jax.bench.workers import Worker
 from dlr_jax.config import ModelConfig, TrainConfig, from_dict
 
 DEMO_CONFIG = common.TINY_CONFIG
@@ -291,6 +293,7 @@ def op_breakdown(run: Callable[[], Any], steps: int = 2) -> tuple[dict[str, floa
 # The benchmark.
 
 OURS = "ours"
+TRAIN, FWD, PROFILE = "TRAIN", "FWD", "PROFILE"  # the answers of a `train_side` worker
 
 
 def torch_side(threads: int) -> str:
@@ -343,57 +346,56 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
                 lr: float = LEARNING_RATE, profile: bool = True,
                 log: Callable[[str], None] = print) -> TrainStepResult:
     """A warm-up step per side, then `repeats` rounds of (a step, a forward-only loss) per side, all
-    on the same batch, the order reversed every other round. PyTorch runs twice, on two replicas of
-    the same weights: with as many threads as XLA uses, and with one (on a loaded machine OpenMP's
-    barriers can make more threads far slower; the faster of the two is the fair reference).
-    `profile`: afterwards compile our step once more for its FLOPs and HLO, and trace 2 more steps
-    for the op-time breakdown."""
-    from dlr_jax.convert import load_hf
-
+    on the same batch, the order reversed every other round. Every side runs in its own process
+    (`train_side`; `workers.py` says why), one at a time. PyTorch runs twice, from the same saved
+    weights: with as many threads as XLA uses, and with one (on a loaded machine OpenMP's barriers
+    can make more threads far slower; the faster of the two is the fair reference). `profile`:
+    afterwards compile our step once more for its FLOPs and HLO, and trace 2 more steps for the
+    op-time breakdown."""
     threads = threads or common.cpu_threads()
     counts = sorted({threads, 1}, reverse=True)
     sides = (OURS, *(torch_side(n) for n in counts))
     batch = sft_batch(case.batch, case.seq, case.model.vocab_size, seed)
     with tempfile.TemporaryDirectory() as tmp:
-        hf = build_hf(case.model, Path(tmp) / "hf", seed)
-        _, model = load_hf(Path(tmp) / "hf")
-        n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-        trainer = our_trainer(model, Path(tmp) / "ours", case.batch, lr, WEIGHT_DECAY)
-        refs = {torch_side(n): TorchSFT(copy.deepcopy(hf) if i else hf, lr, WEIGHT_DECAY, 1.0, n)
-                for i, n in enumerate(counts)}
-        ours_fwd = our_forward(trainer)
-        step: dict[str, Callable[[], float]] = {OURS: lambda: trainer.train_step(batch)["loss"]}
-        fwd: dict[str, Callable[[], float]] = {OURS: lambda: ours_fwd(batch)}
-        for name, ref in refs.items():
-            step[name], fwd[name] = functools.partial(ref.step, batch), functools.partial(ref.forward_loss, batch)
-
-        fwd_gap = max(abs(fwd[OURS]() - fwd[s]()) for s in refs)  # also compiles our forward
-        first_s, losses = {}, {}
-        for s in sides:
-            first_s[s], loss = common.timed(step[s])
-            losses[s] = [loss]
-        log(f"train[{case.name}]: first step " + ", ".join(f"{s} {first_s[s]:.2f}s" for s in sides)
-            + f"; loss {losses[OURS][0]:.5f}")
-        step_s: dict[str, list[float]] = {s: [] for s in sides}
-        fwd_s: dict[str, list[float]] = {s: [] for s in sides}
-        for r in range(repeats):  # interleaved so load spikes hit all sides alike
-            for s in sides if r % 2 == 0 else sides[::-1]:
-                dt, loss = common.timed(step[s])
-                step_s[s].append(dt)
-                losses[s].append(loss)
-                fwd_s[s].append(common.timed(fwd[s])[0])
-            log(f"train[{case.name}]: repeat {r + 1}/{repeats}: step " + ", ".join(
-                f"{s} {step_s[s][-1]:.3f}s" for s in sides) + "; forward " + ", ".join(
-                f"{s} {fwd_s[s][-1]:.3f}s" for s in sides) + f"; loss {losses[OURS][-1]:.5f}")
-        flops, compile_s, hlo = step_flops(trainer, batch, compile=profile)
-        kinds, top = op_breakdown(step[OURS]) if profile else ({}, [])
-        names = hlo_op_names(hlo)
-        trainer.ckpt.close()
+        root = Path(tmp)
+        build_hf(case.model, root / "hf", seed)
+        np.savez(root / "batch.npz", **batch)
+        (root / "spec.json").write_text(json.dumps({"batch_size": case.batch, "lr": lr,
+                                                    "weight_decay": WEIGHT_DECAY}))
+        workers: dict[str, Any] = {}
+        try:
+            ready = {}
+            for s in sides:  # one at a time: a worker's set-up (and our compile) runs alone
+                workers[s] = Worker(f"train {s}", [sys.executable, "-m", "dlr_jax.bench.train_side", s, tmp],
+                                    root / f"{s}.log", log)
+                ready[s] = workers[s].expect("READY")
+            fwd_gap = max(abs(ready[OURS]["forward_loss"] - ready[s]["forward_loss"]) for s in sides[1:])
+            first_s, losses = {}, {}
+            for s in sides:
+                r = workers[s].call("step", TRAIN)
+                first_s[s], losses[s] = r["seconds"], [r["loss"]]
+            log(f"train[{case.name}]: first step " + ", ".join(f"{s} {first_s[s]:.2f}s" for s in sides)
+                + f"; loss {losses[OURS][0]:.5f}")
+            step_s: dict[str, list[float]] = {s: [] for s in sides}
+            fwd_s: dict[str, list[float]] = {s: [] for s in sides}
+            for r in range(repeats):  # interleaved so load spikes hit all sides alike
+                for s in sides if r % 2 == 0 else sides[::-1]:
+                    out = workers[s].call("step", TRAIN)
+                    step_s[s].append(out["seconds"])
+                    losses[s].append(out["loss"])
+                    fwd_s[s].append(workers[s].call("fwd", FWD)["seconds"])
+                log(f"train[{case.name}]: repeat {r + 1}/{repeats}: step " + ", ".join(
+                    f"{s} {step_s[s][-1]:.3f}s" for s in sides) + "; forward " + ", ".join(
+                    f"{s} {fwd_s[s][-1]:.3f}s" for s in sides) + f"; loss {losses[OURS][-1]:.5f}")
+            prof = workers[OURS].call("profile" if profile else "flops", PROFILE)
+        finally:
+            for w in workers.values():
+                w.close()
     tm = target_mask(batch)
-    return TrainStepResult(case, repeats, threads, sides, refs[sides[1]].opt_kind, case.batch * case.seq,
+    return TrainStepResult(case, repeats, threads, sides, ready[sides[1]]["opt"], case.batch * case.seq,
                            int((batch["segment_ids"] > 0).sum()), int(tm.sum()), step_s, fwd_s, first_s, losses,
-                           fwd_gap, compile_s, flops, matmul_gflops(counts), n_params, kinds,
-                           [(n, sec, *names.get(n, ("?", "?"))) for n, sec in top])
+                           fwd_gap, prof["compile_s"], prof["flops"], matmul_gflops(counts), ready[OURS]["params"],
+                           prof["kinds"], [tuple(t) for t in prof["top"]])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -513,8 +515,9 @@ def render_train(results: Sequence[TrainStepResult], command: str, info: dict[st
         f"{LEARNING_RATE:g} constant, betas 0.9/0.999, eps 1e-8, weight decay {WEIGHT_DECAY:g} on matrices "
         f"only); PyTorch uses `torch.optim.AdamW({first.opt_kind})`. Ours is `Trainer.train_step` (host "
         "batch in, metrics back as floats); theirs is zero_grad + forward + backward + clip + step + "
-        "`float(loss)`. All sides run in one process, step by step interleaved (order reversed every other "
-        "round); PyTorch runs twice on two replicas of the weights, with as many threads as XLA uses "
+        "`float(loss)`. Every side runs in its own process (in one process the two frameworks slow each "
+        "other down: `dlr_jax/bench/workers.py`), one step at a time, interleaved (order reversed every other "
+        "round); PyTorch runs twice from the same saved weights, with as many threads as XLA uses "
         "(`torch.set_num_threads`) and with one. Tokens/s counts all batch tokens (padding included); "
         "target tokens/s only the supervised ones.",
         "",

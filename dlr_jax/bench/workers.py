@@ -1,0 +1,66 @@
+"""A benchmark side in its own process, driven by `peer_protocol` lines (`grpo_peers`, `train`).
+
+Why processes: two frameworks in one process share its allocator and thread pools, and leave each
+other slower than either is alone. Measured on the `train` benchmark's medium case (2 cores): our
+step took 4.1-4.4 s alone and 5.3-6.0 s once PyTorch's steps had run in the same process, even with
+a 1 s pause between them, while PyTorch's went from 2.9-3.4 s to 3.4-4.5 s. A user runs one of them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dlr_jax.bench import common
+from dlr_jax.bench import peer_protocol as protocol
+
+
+class Worker:
+    """One side's worker process: commands on its stdin, protocol lines back on its stdout, anything
+    else it prints (and its stderr) into `log_path`."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, log: Callable[[str], None] = print):
+        self.name, self.log = name, log
+        self.log_file = log_path.open("w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
+                                     text=True, bufsize=1, cwd=common.REPO)
+        self.log_path = log_path
+
+    def expect(self, kind: str) -> dict[str, Any]:
+        """Reads stdout up to the next `kind` line; the worker's other output goes to its log."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            msg = protocol.parse(line)
+            if msg is None:
+                self.log_file.write(line)
+                continue
+            if msg[0] == kind:
+                return msg[1]
+            raise RuntimeError(f"{self.name}: expected {kind}, got {msg[0]} {msg[1]}")
+        self.proc.wait()
+        self.log_file.flush()
+        tail = self.log_path.read_text().strip().splitlines()[-15:]
+        raise RuntimeError(f"{self.name} worker exited (code {self.proc.returncode}) before {kind}:\n"
+                           + "\n".join(tail))
+
+    def call(self, command: str, kind: str) -> dict[str, Any]:
+        """Sends one command line and returns the payload of the `kind` line that answers it."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.expect(kind)
+
+    def step(self) -> dict[str, float]:
+        return self.call("step", protocol.STEP)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None and self.proc.poll() is None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self.log_file.close()
