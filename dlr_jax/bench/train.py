@@ -345,8 +345,8 @@ class TrainStepResult:
 def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None, seed: int = 0,
                 lr: float = LEARNING_RATE, profile: bool = True,
                 log: Callable[[str], None] = print) -> TrainStepResult:
-    """A warm-up step per side, then `repeats` rounds of (a step, a forward-only loss) per side, all
-    on the same batch, the order reversed every other round. Every side runs in its own process
+    """A warm-up step per side, then `repeats` rounds of (an untimed step, a timed step, a forward-
+    only loss) per side, all on the same batch, the order reversed every other round. Every side runs in its own process
     (`train_side`; `workers.py` says why), one at a time. PyTorch runs twice, from the same saved
     weights: with as many threads as XLA uses, and with one (on a loaded machine OpenMP's barriers
     can make more threads far slower; the faster of the two is the fair reference). `profile`:
@@ -380,6 +380,10 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
             fwd_s: dict[str, list[float]] = {s: [] for s in sides}
             for r in range(repeats):  # interleaved so load spikes hit all sides alike
                 for s in sides if r % 2 == 0 else sides[::-1]:
+                    # An untimed step first: a process's first step after another process ran is slow
+                    # (measured: ours 5.8-6.6 s against 4.4-5.3 s for the step after it, for any pause
+                    # between them); a training loop runs its steps back to back.
+                    losses[s].append(workers[s].call("step", TRAIN)["loss"])
                     out = workers[s].call("step", TRAIN)
                     step_s[s].append(out["seconds"])
                     losses[s].append(out["loss"])
@@ -420,7 +424,8 @@ def render_case(res: TrainStepResult) -> list[str]:
         f"### {c.name}: {c.describe()} ({res.param_count / 1e6:.2f}M params; {c.note})",
         "",
         f"Batch {c.batch} x {c.seq} = {res.batch_tokens:,} tokens ({res.real_tokens:,} real, "
-        f"{res.target_tokens:,} targets). Median of {res.repeats} steps after one warm-up step.",
+        f"{res.target_tokens:,} targets). Median of {res.repeats} timed steps after one warm-up step; each "
+        "timed step follows an untimed one of the same side.",
         "",
         "| | " + " | ".join(side_label(res, s) for s in sides) + " |",
         "|---|" + "---|" * len(sides),

@@ -93,7 +93,7 @@ def test_bench_train_sides_agree_step_for_step(result):
     assert result.sides == (bench_train.OURS, "torch2", "torch1")
     assert result.batch_tokens == 4 * 16 and 0 < result.target_tokens < result.real_tokens <= 64
     for side in result.sides:
-        assert len(result.step_s[side]) == len(result.fwd_s[side]) == 2 and len(result.losses[side]) == 3
+        assert len(result.step_s[side]) == len(result.fwd_s[side]) == 2 and len(result.losses[side]) == 5
         assert all(t > 0 for t in result.step_s[side]) and result.tps(side) > 0
     # Same weights, batch, loss and optimiser: the losses track each other while they fall.
     ours = result.losses[bench_train.OURS]
