@@ -368,7 +368,7 @@ class Sampler:
         """Shardings of the KV cache for `b` rows of `cache_len` positions on this sampler's mesh."""
         abstract = self._abstract_prefill(b, cache_len)[1]
         if isinstance(abstract, KVCache):
-            kv_axes = (None, "batch", "cache_length", "act_kv_heads", None)
+            kv_axes = (None, "batch", "act_kv_heads", "cache_length", None)
             return KVCache(k=self._ns(kv_axes, abstract.k.shape), v=self._ns(kv_axes, abstract.v.shape),
                            valid=self._ns(("batch", "cache_length"), abstract.valid.shape),
                            index=NamedSharding(self.mesh, PartitionSpec()))

@@ -29,8 +29,8 @@ class KVCache(NamedTuple):
     """Decoding state. `index` is the next slot to write; slots are shared across the batch
     (prompts are left-padded), `valid` marks which slots hold real tokens per row."""
 
-    k: Float[Array, "layers b s kv hd"]
-    v: Float[Array, "layers b s kv hd"]
+    k: Float[Array, "layers b kv s hd"]  # KV heads before slots: the layout attention's matmuls read
+    v: Float[Array, "layers b kv s hd"]
     valid: Bool[Array, "b s"]
     index: Int[Array, ""]
 
@@ -127,12 +127,17 @@ def attention(
     mask: Bool[Array, "b t s"],
     backend: str = "auto",
     segment_ids: Int[Array, "b t"] | None = None,
+    kv_heads_major: bool = False,
 ) -> Float[Array, "b t h hd"]:
     """Grouped-query attention; query heads are grouped per KV head so K/V are never repeated.
     `backend`: `model.attention`, resolved for the compile target (`resolve_attention`).
-    `segment_ids`, when given, say `mask` is `causal_mask(segment_ids)` (what the splash kernel takes)."""
+    `segment_ids`, when given, say `mask` is `causal_mask(segment_ids)` (what the splash kernel takes).
+    `kv_heads_major`: `k` and `v` are [b, kv, s, hd] (the KV cache's layout), read by the matmuls as
+    they are; the other backends get them transposed back."""
     b, t, h, hd = q.shape
-    kv = k.shape[2]
+    if kv_heads_major and resolve_attention(backend, target_platform(), q.dtype) != "xla":
+        k, v, kv_heads_major = k.swapaxes(1, 2), v.swapaxes(1, 2), False
+    kv = k.shape[1 if kv_heads_major else 2]
     splash_ok = segment_ids is not None and splash_fits(t, k.shape[1])
     impl = resolve_attention(backend, target_platform(), q.dtype, splash_ok)
     if impl.startswith("splash"):
@@ -141,14 +146,18 @@ def attention(
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None],
                                             implementation="cudnn" if impl == "cudnn" else None)
     qg = q.reshape(b, t, kv, h // kv, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+    ks = "bksd" if kv_heads_major else "bskd"
+    scores = jnp.einsum(f"btkgd,{ks}->bkgts", qg, k, preferred_element_type=jnp.float32)
     # The mask as an additive bias on [b, 1, 1, t, s]: XLA fuses the broadcast into the add, where a
     # select would fill a [b, kv, g, t, s] buffer with NEG_INF and select again in the backward. Equal
     # to the select: |scores| is far below NEG_INF's ulp, so a masked score is exactly NEG_INF.
     bias = jnp.where(mask, 0.0, NEG_INF).astype(scores.dtype)
     scores = scores / math.sqrt(hd) + bias[:, None, None]
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    if kv_heads_major:  # [b, kv, g, t, hd] first: XLA then multiplies P @ V as they lie
+        out = jnp.einsum("bkgts,bksd->bkgtd", probs, v).transpose(0, 3, 1, 2, 4)
+    else:
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, hd)
 
 
@@ -199,13 +208,14 @@ def layer_forward(
     positions: Int[Array, "b t"],
     mask: Bool[Array, "b t s"],
     inv_freq: jax.Array,
-    kv: tuple[jax.Array, jax.Array] | None = None,
+    kv: tuple[jax.Array, jax.Array, jax.Array] | None = None,
     cache_index: jax.Array | None = None,
     segment_ids: Int[Array, "b t"] | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """One pre-norm decoder layer. With `kv` (this layer's cache [b, s, kv, hd]) the new keys and
-    values are written at `cache_index` and attention reads the whole cache. `segment_ids`: see
-    `attention`."""
+    """One pre-norm decoder layer. With `kv` = (the whole K cache, the whole V cache [layers, b, s, kv,
+    hd], this layer's index) the new keys and values are written at `cache_index` in this layer's
+    rows, attention reads the layer's whole cache, and the updated caches are returned.
+    `segment_ids`: see `attention`."""
     dt = x.dtype
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = dense(h, p["q_proj"].astype(dt))
@@ -220,12 +230,19 @@ def layer_forward(
     k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "act_kv_heads", None))
     new_kv = None
     if kv is not None:
-        ck, cv = kv
-        k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
-        v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
-        new_kv = (k, v)
-        k, v = k.astype(dt), v.astype(dt)
-    attn = attention(q, k, v, mask, cfg.attention, segment_ids)
+        # The new tokens go straight into the whole cache [layers, b, s, kv, hd] (an in-place write
+        # of T slots), then attention reads this layer's slice. Slicing the layer out first, updating
+        # the slice and writing it back made XLA:CPU copy each layer's cache several times per step.
+        ck, cv, layer = kv
+        at = (layer, 0, 0, cache_index, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
+        cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
+        new_kv = (ck, cv)
+        k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
+        v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
+        attn = attention(q, k, v, mask, cfg.attention, kv_heads_major=True)
+    else:
+        attn = attention(q, k, v, mask, cfg.attention, segment_ids)
     x = x + dense(attn, p["o_proj"].astype(dt), contract=2)
     x = constrain(x, ("batch", "length", "act_embed"))
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
@@ -271,10 +288,7 @@ def run_layers(
     def body_cached(carry, xs):
         y, ck, cv = carry
         p, i = xs
-        kv = (ck[i], cv[i])
-        y, (nk, nv) = layer_forward(cfg, p, y, positions, mask, inv_freq, kv, cache.index)
-        ck = jax.lax.dynamic_update_index_in_dim(ck, nk, i, 0)
-        cv = jax.lax.dynamic_update_index_in_dim(cv, nv, i, 0)
+        y, (ck, cv) = layer_forward(cfg, p, y, positions, mask, inv_freq, (ck, cv, i), cache.index)
         return (y, ck, cv), None
 
     n_layers = cache.k.shape[0]
@@ -413,7 +427,7 @@ class Transformer(nnx.Module):
     # -- decoding --------------------------------------------------------------------------------
     def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
         cfg = self.cfg
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         dt = _dtype(dtype or cfg.dtype)
         return KVCache(
             k=jnp.zeros(shape, dt),
