@@ -245,8 +245,8 @@ def interpret_sampling(res: SamplingResult) -> str:
                  "the KV cache updated in place, against per-op PyTorch dispatch and a growing cache per step)")
     else:
         where = (f"Our decode step is the slower one ({step} of transformers' speed: inside the layer scan "
-                 "XLA:CPU copies each layer's weights and KV-cache slice out of the stacked arrays every step "
-                 "before using them)")
+                 "XLA:CPU copies each layer's weights out of the stacked arrays every step before the matmuls "
+                 "read them)")
     return (f"{verdict} the 3x target ({ratio:.2f}x). {where}; the prefill (all prompt tokens in one pass) "
             f"differs by {pre_h / pre_o:.2f}x, and decode is {100 * decode_share:.0f}% of our time. Limits: {limits}")
 
