@@ -212,7 +212,7 @@ def layer_forward(
     cache_index: jax.Array | None = None,
     segment_ids: Int[Array, "b t"] | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-    """One pre-norm decoder layer. With `kv` = (the whole K cache, the whole V cache [layers, b, s, kv,
+    """One pre-norm decoder layer. With `kv` = (the whole K cache, the whole V cache [layers, b, kv, s,
     hd], this layer's index) the new keys and values are written at `cache_index` in this layer's
     rows, attention reads the layer's whole cache, and the updated caches are returned.
     `segment_ids`: see `attention`."""
@@ -230,7 +230,7 @@ def layer_forward(
     k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "act_kv_heads", None))
     new_kv = None
     if kv is not None:
-        # The new tokens go straight into the whole cache [layers, b, s, kv, hd] (an in-place write
+        # The new tokens go straight into the whole cache [layers, b, kv, s, hd] (an in-place write
         # of T slots), then attention reads this layer's slice. Slicing the layer out first, updating
         # the slice and writing it back made XLA:CPU copy each layer's cache several times per step.
         ck, cv, layer = kv
