@@ -9,6 +9,7 @@ medians are reported.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -230,7 +231,7 @@ def interpret_sampling(res: SamplingResult) -> str:
                   "matmuls and CPU time taken by other processes on these 2 shared cores (see the spread of "
                   "the repeats) dominate.")
     need_ms = step_h / 3
-    if step_o > 0 and res.gemm_gflops == res.gemm_gflops:  # not nan: the roofline was measured
+    if step_o > 0 and not math.isnan(res.gemm_gflops):  # the roofline was measured
         need = res.step_gflop / (need_ms / 1e3)
         limits += (f" Compute: a decode step is {res.step_gflop:.2f} GFLOP ({res.batch} rows through every "
                    f"matmul); ours runs it at {res.step_gflop / (step_o / 1e3):.0f} GFLOP/s, transformers at "

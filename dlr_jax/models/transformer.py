@@ -137,8 +137,8 @@ def attention(
     b, t, h, hd = q.shape
     if kv_heads_major and resolve_attention(backend, target_platform(), q.dtype) != "xla":
         k, v, kv_heads_major = k.swapaxes(1, 2), v.swapaxes(1, 2), False
-    kv = k.shape[1 if kv_heads_major else 2]
-    splash_ok = segment_ids is not None and splash_fits(t, k.shape[1])
+    kv, s = (k.shape[1], k.shape[2]) if kv_heads_major else (k.shape[2], k.shape[1])
+    splash_ok = segment_ids is not None and splash_fits(t, s)
     impl = resolve_attention(backend, target_platform(), q.dtype, splash_ok)
     if impl.startswith("splash"):
         return splash_attention(q, k, v, segment_ids, interpret=impl == "splash_interpret")
