@@ -63,6 +63,9 @@ class DecodeConfig(NamedTuple):
     use_top_p: bool
     processor: LogitsProcessor | None
     has_vocab_mask: bool
+    # The model's layer weights sliced once before the loop (`layer_slices`) instead of a scan over the
+    # stacked layers every token: see `transformer.run_layers`.
+    unstack_layers: bool = False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,11 +223,13 @@ def decode_loop(
         step, *_, finished = carry
         return (step < n) & ~jnp.all(finished)
 
+    layers = {"layers": model.layer_slices()} if cfg.unstack_layers else {}
+
     def body(carry):
         step, cache, tokens, _, _, finished = carry
         prev = jax.lax.dynamic_index_in_dim(tokens, step - 1, 1, keepdims=True)
         pos = (prompt_lens + step - 1)[:, None]
-        logits, cache = model.forward_cached(prev, pos, ~finished[:, None], cache)
+        logits, cache = model.forward_cached(prev, pos, ~finished[:, None], cache, **layers)
         carry = (step, cache, *carry[2:])
         return record(carry, *choose(logits[:, -1], tokens, step))
 
@@ -317,10 +322,17 @@ class Sampler:
         max_total_len: int | None = None,
         prompt_bucket: int = 64,
         cache_dtype: str | None = None,
+        unstack_layers: bool | None = None,
     ):
+        """`unstack_layers`: decode with each layer's weights sliced once per call (one extra copy of the
+        layer weights while generating) instead of scanning the stacked layers every token; None = yes
+        when the model offers `layer_slices`. Compile time then grows with depth."""
         if prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {prompt_bucket}")
         self.graphdef, self.state = _split(model_or_split)
+        model = model_or_split if isinstance(model_or_split, nnx.Module) else nnx.merge(self.graphdef, self.state)
+        can = hasattr(model, "layer_slices")
+        self.unstack_layers = can if unstack_layers is None else bool(unstack_layers) and can
         self.mesh, self.rules = mesh, rules
         self.max_total_len, self.prompt_bucket, self.cache_dtype = max_total_len, prompt_bucket, cache_dtype
         # One jitted function per batch sharding (at most two: batch split or replicated); each
@@ -469,7 +481,8 @@ class Sampler:
             rng = jax.random.key(0 if rng is None else int(rng))
         greedy = temperature == 0.0
         cfg = DecodeConfig(max_new_tokens, greedy, 0 if greedy else int(top_k),
-                         (not greedy) and top_p < 1.0, logits_processor, vocab_mask is not None)
+                         (not greedy) and top_p < 1.0, logits_processor, vocab_mask is not None,
+                         self.unstack_layers)
 
         with self._ctx():
             vocab = self._vocab_size()

@@ -20,6 +20,8 @@ One module a benchmark, all sharing `common` (sizes, timing, the machine line, s
   framework in its own process (the peers in their own venvs, `make peers`), speaking `peer_protocol`.
 - `render_cache`: codebook batches images/s read from a rendered corpus (`dlr_jax.data.render_corpus`)
   vs drawn on the fly, at the tiny config's canvas and at 1024 px.
+- `latent_cost`: #L, generated tokens and wall time per question of Direct-SFT, CoT-SFT, DLR-SFT and
+  DLR-Full from one trained workdir (`make demo`'s runs/demo/pipeline by default), interleaved.
 
 `python -m dlr_jax.bench.plan_report` writes the planner's table (`dlr_jax.plan`) the same way.
 

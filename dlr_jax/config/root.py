@@ -25,7 +25,13 @@ class DataConfig:
     max_len: int = 256  # tokens per training row; longer examples are dropped and counted
     synthetic_train: int = 20000
     synthetic_eval: int = 500
+    # The synthetic task's difficulty (data/synthetic.py SyntheticConfig): equations per problem drawn from
+    # [min_steps, max_steps]; operands up to max_operand, every intermediate value up to max_value. Graded
+    # variants: more steps (longer CoTs), larger numbers (a GSM-Hard analogue).
+    synthetic_min_steps: int = 1
     synthetic_max_steps: int = 4
+    synthetic_max_operand: int = 10
+    synthetic_max_value: int = 200
     num_workers: int = 0  # grain worker processes (0 = in-process)
     pack: bool = False
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.

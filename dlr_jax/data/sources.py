@@ -20,7 +20,8 @@ def load_examples(cfg: Config, split: str) -> list[Example]:
             split=split,
             sizes=sizes,
             seed=cfg.run.seed,
-            config=SyntheticConfig(max_steps=d.synthetic_max_steps),
+            config=SyntheticConfig(min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
+                                   max_operand=d.synthetic_max_operand, max_value=d.synthetic_max_value),
         )
     return load_benchmark(d.dataset, path=d.path, split=split)
 

@@ -255,11 +255,14 @@ def _greedy(
         i, _, done, _, _ = carry
         return (i < max_len) & ~jnp.all(done)
 
+    layers = dec.layer_slices()  # sliced once, not per token (transformer.run_layers)
+
     def body(carry):
         i, tok, done, out, cache = carry
         out = out.at[:, i].set(jnp.where(done, VOCAB.PAD, tok))
         done = done | (tok == VOCAB.EOS) | (i + 1 >= limits)
-        h, cache = dec.trunk_cached(dec.embed_tokens(tok[:, None]), (n_valid + 1 + i)[:, None], ~done[:, None], cache)
+        h, cache = dec.trunk_cached(dec.embed_tokens(tok[:, None]), (n_valid + 1 + i)[:, None], ~done[:, None], cache,
+                                    layers)
         return i + 1, pick(h), done, out, cache
 
     carry = (jnp.int32(0), pick(h), limits <= 0, out, cache)

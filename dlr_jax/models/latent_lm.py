@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import chex
@@ -370,11 +371,14 @@ class LatentLM(nnx.Module):
     def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
         return self.backbone.init_cache(batch, max_len, dtype)
 
+    def layer_slices(self) -> list[dict[str, jax.Array]]:
+        return self.backbone.layer_slices()
+
     def trunk_cached(
         self, x: Float[Array, "b t d"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"],
-        cache: KVCache,
+        cache: KVCache, layers: Sequence[dict[str, jax.Array]] | None = None,
     ) -> tuple[Float[Array, "b t d"], KVCache]:
-        return self.backbone.trunk_cached(x, positions, token_mask, cache)
+        return self.backbone.trunk_cached(x, positions, token_mask, cache, layers)
 
     def forward_cached(
         self,
@@ -383,6 +387,7 @@ class LatentLM(nnx.Module):
         token_mask: Bool[Array, "b t"],
         cache: KVCache,
         inputs_embeds: Float[Array, "b t d"] | None = None,
+        layers: Sequence[dict[str, jax.Array]] | None = None,
     ) -> tuple[Float[Array, "b t v"], KVCache]:
         if inputs_embeds is None:
             _check_ids(input_ids, positions, token_mask)
@@ -390,7 +395,7 @@ class LatentLM(nnx.Module):
             chex.assert_rank(inputs_embeds, 3)
             chex.assert_equal_shape_prefix([inputs_embeds, positions, token_mask], 2)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        h, cache = self.trunk_cached(x, positions, token_mask, cache)
+        h, cache = self.trunk_cached(x, positions, token_mask, cache, layers)
         return self.logits_from_hidden(h), cache
 
 

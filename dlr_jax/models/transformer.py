@@ -11,6 +11,7 @@ Seams for the latent vocabulary (dlr_jax/models/latent_lm.py): `embed_tokens` an
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -263,7 +264,7 @@ def _remat(fn, policy: str):
 
 def run_layers(
     cfg: ModelConfig,
-    layer_params: dict[str, jax.Array],
+    layer_params: dict[str, jax.Array] | Sequence[dict[str, jax.Array]],
     x: Float[Array, "b t d"],
     positions: Int[Array, "b t"],
     mask: Bool[Array, "b t s"],
@@ -271,8 +272,20 @@ def run_layers(
     segment_ids: Int[Array, "b t"] | None = None,
 ) -> tuple[Float[Array, "b t d"], KVCache | None]:
     """Scans `layer_forward` over the stacked layer params (and the cache, carried in place).
-    `segment_ids` (no cache): `mask` is `causal_mask(segment_ids)`, which lets TPU use splash."""
+    `segment_ids` (no cache): `mask` is `causal_mask(segment_ids)`, which lets TPU use splash.
+    `layer_params` may instead be one dict per layer (`Transformer.layer_slices`, with a cache): the
+    layers then run one after another in the program, each reading its own weight buffers."""
     inv_freq = rope_inv_freq(cfg)
+    if not isinstance(layer_params, Mapping):
+        if cache is None:
+            raise ValueError("per-layer weights are for cached decoding; a forward without a cache scans")
+        # A scan slices each layer's weights out of the stacked arrays, and XLA:CPU copies every slice,
+        # every step: in a decode loop that is the whole model's weights copied per token. Buffers
+        # sliced once before the loop (`layer_slices`) are read where they lie.
+        ck, cv = cache.k, cache.v
+        for i, p in enumerate(layer_params):
+            x, (ck, cv) = layer_forward(cfg, p, x, positions, mask, inv_freq, (ck, cv, i), cache.index)
+        return x, cache._replace(k=ck, v=cv)
 
     if cache is None:
 
@@ -388,8 +401,11 @@ class Transformer(nnx.Module):
         mask: Bool[Array, "b t s"],
         cache: KVCache | None = None,
         segment_ids: Int[Array, "b t"] | None = None,
+        layers: Sequence[dict[str, jax.Array]] | None = None,
     ) -> tuple[Float[Array, "b t d"], KVCache | None]:
-        h, cache = run_layers(self.cfg, self.layers.arrays(), x, positions, mask, cache, segment_ids)
+        """`layers`: `layer_slices()` taken once outside a decode loop (see `run_layers`)."""
+        params = self.layers.arrays() if layers is None else layers
+        h, cache = run_layers(self.cfg, params, x, positions, mask, cache, segment_ids)
         return rms_norm(h, self.final_norm[...], self.cfg.rms_norm_eps), cache
 
     def __call__(
@@ -425,6 +441,13 @@ class Transformer(nnx.Module):
         return h
 
     # -- decoding --------------------------------------------------------------------------------
+    def layer_slices(self) -> list[dict[str, jax.Array]]:
+        """Each layer's weights as its own arrays (static slices of the stacked ones: one copy of the
+        weights). Taken once before a decode loop and passed as `layers=`, they spare the loop the
+        per-token weight copies a scan over stacked layers costs on XLA:CPU."""
+        stacked = self.layers.arrays()
+        return [{n: a[i] for n, a in stacked.items()} for i in range(self.cfg.num_layers)]
+
     def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
         cfg = self.cfg
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
@@ -443,10 +466,12 @@ class Transformer(nnx.Module):
         token_mask: Bool[Array, "b t"],
         cache: KVCache,
         inputs_embeds: Float[Array, "b t d"] | None = None,
+        layers: Sequence[dict[str, jax.Array]] | None = None,
     ) -> tuple[Float[Array, "b t v"], KVCache]:
-        """Runs a block of T tokens (a prefill or one decode step) through the cache."""
+        """Runs a block of T tokens (a prefill or one decode step) through the cache. `layers`: see
+        `layer_slices`."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        h, cache = self.trunk_cached(x, positions, token_mask, cache)
+        h, cache = self.trunk_cached(x, positions, token_mask, cache, layers)
         return self.logits_from_hidden(h), cache
 
     def trunk_cached(
@@ -455,6 +480,7 @@ class Transformer(nnx.Module):
         positions: Int[Array, "b t"],
         token_mask: Bool[Array, "b t"],
         cache: KVCache,
+        layers: Sequence[dict[str, jax.Array]] | None = None,
     ) -> tuple[Float[Array, "b t d"], KVCache]:
         t = x.shape[1]
         valid = jax.lax.dynamic_update_slice(cache.valid, token_mask.astype(bool), (0, cache.index))
@@ -462,7 +488,7 @@ class Transformer(nnx.Module):
         slot = jnp.arange(s)[None, None, :]
         query_slot = cache.index + jnp.arange(t)[None, :, None]
         mask = (slot <= query_slot) & valid[:, None, :]
-        h, cache = self.trunk(x, positions, mask, cache._replace(valid=valid))
+        h, cache = self.trunk(x, positions, mask, cache._replace(valid=valid), layers=layers)
         return h, cache._replace(index=cache.index + t)
 
 
