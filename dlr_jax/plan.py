@@ -203,13 +203,13 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     cache_len = prompt + rl.max_new_tokens
     sampler = Sampler((graphdef, s_abs), mesh=mesh, rules=rules, prompt_bucket=cfg.sampling.prompt_bucket)
     _, decode = sampler.compiled_fns(b, cache_len, lat.total_vocab_size)
-    cache_abs = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(b, cache_len))
+    cache_abs = sampler.abstract_cache(b, cache_len)
     cache_sh = sampler.cache_shardings(b, cache_len)
     cache = _abstract(cache_abs, cache_sh)
     f32, i32 = jnp.float32, jnp.int32
     bv = NamedSharding(mesh, logical_to_spec(("batch", "act_vocab"), (b, lat.total_vocab_size), mesh, rules))
     rep = NamedSharding(mesh, PartitionSpec())
-    dcfg = DecodeConfig(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None, True)
+    dcfg = DecodeConfig(rl.max_new_tokens, False, rl.top_k, rl.top_p < 1.0, None, True, sampler.unstack_layers)
     args = (graphdef, dcfg, s_abs, cache, jax.ShapeDtypeStruct((b, lat.total_vocab_size), f32, sharding=bv),
             jax.ShapeDtypeStruct((b,), i32), jax.ShapeDtypeStruct((8,), i32, sharding=rep),
             jax.ShapeDtypeStruct((lat.total_vocab_size,), bool, sharding=rep), jax.ShapeDtypeStruct((), i32),

@@ -158,20 +158,23 @@ def sequence_logprobs(
 
 
 def _prefill(
-    graphdef: nnx.GraphDef, cache_cfg: tuple[int, str | None], state: nnx.State,
+    graphdef: nnx.GraphDef, cache_cfg: tuple[int, str | None, bool], state: nnx.State,
     ids: Int[Array, "b p"], positions: Int[Array, "b p"], token_mask: Bool[Array, "b p"],
 ) -> tuple[Float[Array, "b v"], Any]:
     model = nnx.merge(graphdef, state)
-    cache_len, cache_dtype = cache_cfg
+    cache_len, cache_dtype, unstack = cache_cfg
     b = ids.shape[0]
     # Only pass a dtype when asked: a model's init_cache need not take one.
     cache = model.init_cache(b, cache_len, *(() if cache_dtype is None else (cache_dtype,)))
+    # Per-layer weights (sliced once here and once in the decode call) and per-layer cache buffers from
+    # the start: the decode loop then reads both where they lie (`transformer.run_layers`).
+    layers = {"layers": model.layer_slices()} if unstack else {}
     if all(hasattr(model, n) for n in ("embed_tokens", "trunk_cached", "logits_from_hidden")):
         # Project only the last position: [B, P, V] fp32 logits of a long prompt can be huge.
-        h, cache = model.trunk_cached(model.embed_tokens(ids), positions, token_mask, cache)
+        h, cache = model.trunk_cached(model.embed_tokens(ids), positions, token_mask, cache, **layers)
         logits = model.logits_from_hidden(h[:, -1:])
     else:
-        logits, cache = model.forward_cached(ids, positions, token_mask, cache)
+        logits, cache = model.forward_cached(ids, positions, token_mask, cache, **layers)
         logits = logits[:, -1:]
     return logits[:, 0].astype(jnp.float32), cache
 
@@ -325,8 +328,9 @@ class Sampler:
         unstack_layers: bool | None = None,
     ):
         """`unstack_layers`: decode with each layer's weights sliced once per call (one extra copy of the
-        layer weights while generating) instead of scanning the stacked layers every token; None = yes
-        when the model offers `layer_slices`. Compile time then grows with depth."""
+        layer weights while generating) and a cache of per-layer buffers, instead of scanning the
+        stacked layers every token (XLA:CPU copies each layer's weight and cache slices, every token);
+        None = yes when the model offers `layer_slices`. Compile time then grows with depth."""
         if prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {prompt_bucket}")
         self.graphdef, self.state = _split(model_or_split)
@@ -381,7 +385,9 @@ class Sampler:
         abstract = self._abstract_prefill(b, cache_len)[1]
         if isinstance(abstract, KVCache):
             kv_axes = (None, "batch", "act_kv_heads", "cache_length", None)
-            return KVCache(k=self._ns(kv_axes, abstract.k.shape), v=self._ns(kv_axes, abstract.v.shape),
+            kv = lambda x: (tuple(self._ns(kv_axes[1:], a.shape) for a in x) if isinstance(x, tuple)
+                            else self._ns(kv_axes, x.shape))
+            return KVCache(k=kv(abstract.k), v=kv(abstract.v),
                            valid=self._ns(("batch", "cache_length"), abstract.valid.shape),
                            index=NamedSharding(self.mesh, PartitionSpec()))
         # Unknown cache layout: replicate (correct, not memory-optimal).
@@ -489,7 +495,7 @@ class Sampler:
             prefill, decode = self.compiled_fns(b, cache_len, vocab)
             bs = self._batch_sharding((b, p_len))
             rep = None if self.mesh is None else NamedSharding(self.mesh, PartitionSpec())
-            logits0, cache = prefill(self.graphdef, (cache_len, self.cache_dtype), self.state,
+            logits0, cache = prefill(self.graphdef, self._cache_cfg(cache_len), self.state,
                                      self._put(ids, bs), self._put(positions, bs), self._put(real, bs))
             vm = None if vocab_mask is None else self._put(np.asarray(vocab_mask, bool), rep)
             if vm is not None and vm.shape != (vocab,):
@@ -567,10 +573,18 @@ class Sampler:
             self._vocab = int(self._abstract_prefill(1, 1)[0].shape[-1])
         return self._vocab
 
+    def _cache_cfg(self, cache_len: int) -> tuple[int, str | None, bool]:
+        return cache_len, self.cache_dtype, self.unstack_layers
+
+    def abstract_cache(self, b: int, cache_len: int) -> Any:
+        """Shapes and dtypes of the KV cache the prefill hands the decode loop (per-layer buffers
+        when `unstack_layers`)."""
+        return self._abstract_prefill(b, cache_len)[1]
+
     def _abstract_prefill(self, b: int, cache_len: int) -> tuple[jax.ShapeDtypeStruct, Any]:
         ids = jax.ShapeDtypeStruct((b, 1), jnp.int32)
         return jax.eval_shape(
-            lambda st, i, m: _prefill(self.graphdef, (cache_len, self.cache_dtype), st, i, i, m),
+            lambda st, i, m: _prefill(self.graphdef, self._cache_cfg(cache_len), st, i, i, m),
             self.state, ids, jax.ShapeDtypeStruct((b, 1), jnp.bool_),
         )
 

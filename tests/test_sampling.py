@@ -342,8 +342,8 @@ def test_decode_loop_reads_layer_weights_without_copying_them(model):
     """Scanning the stacked layers inside the decode loop slices every layer's weights out of the
     stacked arrays on every token, and XLA:CPU copies each slice (the whole model's weights per token,
     ~20 % of a decode step's op time on the bench's medium model). The sampler slices them once per
-    call (`Transformer.layer_slices`): no dynamic slice of a weight matrix is left, and the greedy
-    tokens are the same."""
+    call (`Transformer.layer_slices`): no dynamic slice of a weight matrix is left, no layer's cache
+    is copied, and the greedy tokens are the same."""
     import re
 
     weights = {f"{CFG.hidden_size},{CFG.intermediate_size}", f"{CFG.intermediate_size},{CFG.hidden_size}"}
@@ -355,5 +355,15 @@ def test_decode_loop_reads_layer_weights_without_copying_them(model):
     unstacked, tokens = _decode_hlo(model, True)
     assert weight_slices(scanned) > 0  # the control: the scan slices the MLP weights inside the loop
     assert weight_slices(unstacked) == 0
+    # Nor does a layer's KV cache get copied out to be read: reading a layer out of the stacked cache
+    # is a (dynamic) slice that XLA:CPU copies every step; the loop works on per-layer cache buffers.
+    layer_cache = f"4,{CFG.num_kv_heads},{MAX_TOTAL},{CFG.head_dim}"
+
+    def cache_copies(hlo: str) -> list:
+        return [m for m in re.findall(r"%((?:copy|slice|transpose|dynamic-slice)[\w.-]*) = f32\[(?:1,)?([\d,]+)\]", hlo)
+                if m[1] == layer_cache]
+
+    assert cache_copies(scanned)  # the control: the scan's loop copies each layer's cache to read it
+    assert not cache_copies(unstacked), cache_copies(unstacked)
     np.testing.assert_array_equal(tokens, scanned_tokens)
     assert Sampler(model).unstack_layers  # the default where the model offers layer_slices

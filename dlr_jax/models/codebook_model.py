@@ -248,14 +248,15 @@ def _greedy(
     slot = jnp.arange(p + 1, dtype=jnp.int32)[None, :]
     cache = dec.init_cache(b, p + 1 + max_len)
     x = jnp.concatenate([model.project(feats), dec.embed_tokens(jnp.full((b, 1), VOCAB.BOS, jnp.int32))], 1)
-    h, cache = dec.trunk_cached(x, jnp.maximum(slot - pad[:, None], 0), slot >= pad[:, None], cache)
+    # Weights sliced per layer once, and the cache turned into per-layer buffers by this prefill: the
+    # loop below then copies neither, per token (transformer.run_layers).
+    layers = dec.layer_slices()
+    h, cache = dec.trunk_cached(x, jnp.maximum(slot - pad[:, None], 0), slot >= pad[:, None], cache, layers)
     out = jnp.full((b, max_len), VOCAB.PAD, jnp.int32)
 
     def cond(carry):
         i, _, done, _, _ = carry
         return (i < max_len) & ~jnp.all(done)
-
-    layers = dec.layer_slices()  # sliced once, not per token (transformer.run_layers)
 
     def body(carry):
         i, tok, done, out, cache = carry

@@ -28,12 +28,23 @@ NEG_INF = -1e30  # finite, so fully-masked (padding) query rows give uniform wei
 
 class KVCache(NamedTuple):
     """Decoding state. `index` is the next slot to write; slots are shared across the batch
-    (prompts are left-padded), `valid` marks which slots hold real tokens per row."""
+    (prompts are left-padded), `valid` marks which slots hold real tokens per row. `k`, `v`: one
+    stacked array, or (`unstack_cache`) a tuple of one [b, kv, s, hd] buffer per layer, which a decode
+    loop over per-layer weights (`Transformer.layer_slices`) updates and reads in place."""
 
-    k: Float[Array, "layers b kv s hd"]  # KV heads before slots: the layout attention's matmuls read
-    v: Float[Array, "layers b kv s hd"]
+    k: Float[Array, "layers b kv s hd"] | tuple[Float[Array, "b kv s hd"], ...]  # KV heads before slots:
+    v: Float[Array, "layers b kv s hd"] | tuple[Float[Array, "b kv s hd"], ...]  # what attention reads
     valid: Bool[Array, "b s"]
     index: Int[Array, ""]
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+    """The cache with one K and one V buffer per layer (a copy; on a fresh all-zero cache XLA only
+    allocates the buffers)."""
+    if isinstance(cache.k, tuple):
+        return cache
+    n = cache.k.shape[0]
+    return cache._replace(k=tuple(cache.k[i] for i in range(n)), v=tuple(cache.v[i] for i in range(n)))
 
 
 def _dtype(name: str) -> jnp.dtype:
@@ -215,7 +226,8 @@ def layer_forward(
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
     """One pre-norm decoder layer. With `kv` = (the whole K cache, the whole V cache [layers, b, kv, s,
     hd], this layer's index) the new keys and values are written at `cache_index` in this layer's
-    rows, attention reads the layer's whole cache, and the updated caches are returned.
+    rows, attention reads the layer's whole cache, and the updated caches are returned. With `kv` =
+    (this layer's K buffer, its V buffer [b, kv, s, hd], None) the same happens in those buffers.
     `segment_ids`: see `attention`."""
     dt = x.dtype
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
@@ -235,12 +247,19 @@ def layer_forward(
         # of T slots), then attention reads this layer's slice. Slicing the layer out first, updating
         # the slice and writing it back made XLA:CPU copy each layer's cache several times per step.
         ck, cv, layer = kv
-        at = (layer, 0, 0, cache_index, 0)
-        ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
-        cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
-        new_kv = (ck, cv)
-        k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
-        v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
+        if layer is None:  # this layer's own buffers [b, kv, s, hd] (`unstack_cache`): no slicing at all
+            at = (0, 0, cache_index, 0)
+            ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype), at)
+            cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype), at)
+            new_kv = (ck, cv)
+            k, v = ck.astype(dt), cv.astype(dt)
+        else:
+            at = (layer, 0, 0, cache_index, 0)
+            ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
+            cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
+            new_kv = (ck, cv)
+            k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
+            v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
         attn = attention(q, k, v, mask, cfg.attention, kv_heads_major=True)
     else:
         attn = attention(q, k, v, mask, cfg.attention, segment_ids)
@@ -274,7 +293,8 @@ def run_layers(
     """Scans `layer_forward` over the stacked layer params (and the cache, carried in place).
     `segment_ids` (no cache): `mask` is `causal_mask(segment_ids)`, which lets TPU use splash.
     `layer_params` may instead be one dict per layer (`Transformer.layer_slices`, with a cache): the
-    layers then run one after another in the program, each reading its own weight buffers."""
+    layers then run one after another in the program, each reading its own weight buffers and its own
+    cache buffers (the cache comes back unstacked: `unstack_cache`)."""
     inv_freq = rope_inv_freq(cfg)
     if not isinstance(layer_params, Mapping):
         if cache is None:
@@ -282,10 +302,14 @@ def run_layers(
         # A scan slices each layer's weights out of the stacked arrays, and XLA:CPU copies every slice,
         # every step: in a decode loop that is the whole model's weights copied per token. Buffers
         # sliced once before the loop (`layer_slices`) are read where they lie.
-        ck, cv = cache.k, cache.v
+        # Reading one layer out of a stacked cache is a slice XLA:CPU copies, every step: the layers
+        # work on their own cache buffers instead.
+        cache = unstack_cache(cache)
+        ks, vs = list(cache.k), list(cache.v)
         for i, p in enumerate(layer_params):
-            x, (ck, cv) = layer_forward(cfg, p, x, positions, mask, inv_freq, (ck, cv, i), cache.index)
-        return x, cache._replace(k=ck, v=cv)
+            x, (ks[i], vs[i]) = layer_forward(cfg, p, x, positions, mask, inv_freq, (ks[i], vs[i], None),
+                                              cache.index)
+        return x, cache._replace(k=tuple(ks), v=tuple(vs))
 
     if cache is None:
 
@@ -304,6 +328,8 @@ def run_layers(
         y, (ck, cv) = layer_forward(cfg, p, y, positions, mask, inv_freq, (ck, cv, i), cache.index)
         return (y, ck, cv), None
 
+    if isinstance(cache.k, tuple):  # per-layer buffers meet stacked weights: scan over them stacked
+        cache = cache._replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
     n_layers = cache.k.shape[0]
     (x, ck, cv), _ = jax.lax.scan(
         _remat(body_cached, cfg.remat), (x, cache.k, cache.v), (layer_params, jnp.arange(n_layers))

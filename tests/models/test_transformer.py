@@ -202,7 +202,9 @@ def test_cached_decode_step_neither_transposes_nor_copies_the_cache():
     """A decode step writes its token into the whole cache in place and attention reads the layer's
     slice in the cache's own [b, kv, s, hd] layout. The former layout ([b, s, kv, hd], each layer's
     slice taken out, updated and written back) made XLA:CPU copy and transpose every layer's cache on
-    every token: a quarter of the decode loop's op time."""
+    every token: a quarter of the decode loop's op time. (Reading the slice out of the stacked cache is
+    still a dynamic-slice fusion, i.e. a copy; the sampler's loop avoids that with per-layer buffers:
+    tests/test_sampling.py::test_decode_loop_reads_layer_weights_without_copying_them.)"""
     import re
 
     cfg = dataclasses.replace(CFG, num_heads=4, num_kv_heads=2, head_dim=16)
