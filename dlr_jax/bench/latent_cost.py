@@ -1,11 +1,12 @@
 """Latent vs CoT cost (issue 16, item 5): what answering costs per question when the model reasons in
 latents, in text, or not at all, on one backbone, measured in one run.
 
-    python -m dlr_jax.bench --out BENCHMARKS.md --only latent_cost [--cost-workdir runs/demo/pipeline]
+    python -m dlr_jax.bench --out BENCHMARKS.md --only latent_cost [--cost-workdir runs/demo/pipeline ...]
         [--cost-questions 256] [--cost-batches 128,1]
 
 `--cost-workdir` is a trained pipeline workdir (what `make demo` leaves in runs/demo/pipeline, or
-one seed of `python -m dlr_jax.experiments main`, W/seed0/main). Its finished stages are loaded:
+one seed of `python -m dlr_jax.experiments main`, W/seed0/main); repeat it for several (e.g. a graded
+variant of the task), each gets its tables. Its finished stages are loaded:
 textsft_direct (Direct-SFT, answers at once), textsft_cot (CoT-SFT, reasons in text), sft (DLR-SFT)
 and rl (DLR-Full, when present): the same backbone width and depth, the same tokenizer. Each answers
 the same first `--cost-questions` test questions of the workdir's evaluation split with the
@@ -66,6 +67,7 @@ class CostResult:
     split: str
     model: str
     methods: list[MethodCost]
+    task: str
     loads: list[float]  # load average before any work (later ones would count this benchmark's own threads)
 
     def by_label(self, label: str) -> MethodCost | None:
@@ -73,9 +75,9 @@ class CostResult:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--cost-workdir", type=Path, default=DEFAULT_WORKDIR,
-                    help="latent_cost: a trained pipeline workdir (make demo's runs/demo/pipeline, or an "
-                         "experiment's W/seed0/main)")
+    ap.add_argument("--cost-workdir", type=Path, action="append", default=None,
+                    help="latent_cost: a trained pipeline workdir (default make demo's runs/demo/pipeline, or an "
+                         "experiment's W/seed0/main); repeat for several")
     ap.add_argument("--cost-questions", type=int, default=256, help="latent_cost: test questions per method")
     ap.add_argument("--cost-batches", default="128,1",
                     help="latent_cost: questions per generate call, one table each (comma-separated)")
@@ -102,13 +104,17 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--cost-batches must be positive integers like 128,1, got {args.cost_batches!r}"
     if args.cost_questions < 1:
         return f"--cost-questions must be >= 1, got {args.cost_questions}"
-    wd = args.cost_workdir
-    if not (wd / "config.yaml").is_file():
-        return (f"--cost-workdir {wd}: not a dlr_jax workdir (no config.yaml); run `make demo` first (it writes "
-                "runs/demo/pipeline) or point it at an experiment's W/seed0/main")
-    if missing := missing_stages(wd):
-        return f"--cost-workdir {wd}: stage(s) {', '.join(missing)} not finished (no final/meta.json)"
+    for wd in workdirs(args):
+        if not (wd / "config.yaml").is_file():
+            return (f"--cost-workdir {wd}: not a dlr_jax workdir (no config.yaml); run `make demo` first (it "
+                    "writes runs/demo/pipeline) or point it at an experiment's W/seed0/main")
+        if missing := missing_stages(wd):
+            return f"--cost-workdir {wd}: stage(s) {', '.join(missing)} not finished (no final/meta.json)"
     return None
+
+
+def workdirs(args: argparse.Namespace) -> list[Path]:
+    return [Path(w) for w in (args.cost_workdir or [DEFAULT_WORKDIR])]
 
 
 def bench_latent_cost(workdir: Path, *, questions: int, batch: int, repeats: int,
@@ -157,26 +163,32 @@ def bench_latent_cost(workdir: Path, *, questions: int, batch: int, repeats: int
     mc = cfg.model
     model = (f"{mc.model_type}, hidden {mc.hidden_size}, {mc.num_layers} layers, {mc.num_heads} heads / "
              f"{mc.num_kv_heads} KV heads, MLP {mc.intermediate_size}")
+    d = cfg.data
+    task = (f"{d.synthetic_min_steps}-{d.synthetic_max_steps} steps, operands up to {d.synthetic_max_operand}, values "
+            f"up to {d.synthetic_max_value}" if d.dataset == "synthetic" else d.dataset)
     return CostResult(str(workdir), len(examples), batch, repeats, benchmark, cfg.data.eval_split, model,
-                      methods, loads)
+                      methods, task, loads)
 
 
 def render_section(results: list[CostResult], command: str, info: dict[str, str], allow_load: bool = False) -> str:
     out = common.header("Latent vs CoT cost: generated tokens and wall time per question on one backbone",
                         command, info)
-    res = results[0]
-    out += [f"Workdir: `{res.workdir}` ({res.model}); {res.questions} {res.benchmark} questions of split "
-            f"`{res.split}`, greedy, constrained latent decoding (the evaluation code). Wall time = the generate "
-            f"calls' seconds per question, after an untimed run of every method; {res.repeats} repeats "
-            "interleaved, median.", ""]
+    out += [f"Greedy, constrained latent decoding (the evaluation code). Wall time = the generate calls' seconds "
+            f"per question, after an untimed run of every method; {results[0].repeats} repeats interleaved, "
+            "median.", ""]
+    shown = None
     for res in results:
+        if res.workdir != shown:
+            shown = res.workdir
+            out += [f"### `{res.workdir}`", "", f"Backbone: {res.model}; {res.questions} {res.benchmark} questions "
+                    f"of split `{res.split}` ({res.task}).", ""]
         out += render_table(res, allow_load)
     return "\n".join(out) + "\n"
 
 
 def render_table(res: CostResult, allow_load: bool) -> list[str]:
     kind = "throughput" if res.batch > 1 else "latency: one question at a time"
-    out = [f"### Batches of {res.batch} ({kind})", ""]
+    out = [f"#### Batches of {res.batch} ({kind})", ""]
     cot = res.by_label("CoT-SFT")
     refusal = common.ratio_refusal(res.loads, allow_load)
     out += ["| method | Pass@1 (%) | #L | generated tokens / question | wall ms / question (median) | per repeat | "
@@ -212,6 +224,6 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
     err = check_arguments(args)
     if err:
         raise ValueError(err)
-    results = [bench_latent_cost(args.cost_workdir, questions=args.cost_questions, batch=b, repeats=args.repeats,
-                                 log=log) for b in batch_sizes(args.cost_batches)]
+    results = [bench_latent_cost(wd, questions=args.cost_questions, batch=b, repeats=args.repeats, log=log)
+               for wd in workdirs(args) for b in batch_sizes(args.cost_batches)]
     return render_section(results, command, info, allow_load=args.allow_load)

@@ -57,7 +57,8 @@ def test_every_method_answers_the_same_questions_and_the_table_has_ratios(workdi
     assert dlr.reasoning_len <= 4  # eval.max_latents caps an untrained model's latents
     text = latent_cost.render_section([res], "python -m dlr_jax.bench --only latent_cost", INFO, allow_load=True)
     assert "| DLR-SFT |" in text and "| CoT-SFT |" in text and "| Direct-SFT |" in text
-    assert "Cap on this task" in text and "×" in text and "### Batches of 4 (throughput)" in text
+    assert "Cap on this task" in text and "×" in text and "#### Batches of 4 (throughput)" in text
+    assert f"### `{workdir}`" in text and "1-4 steps" in text
     one = latent_cost.bench_latent_cost(workdir, questions=3, batch=1, repeats=1, log=lambda _: None)
     # one question a call: the same greedy answers as in batches of 4
     assert [m.pass_at_1 for m in one.methods] == pytest.approx([m.pass_at_1 for m in
@@ -72,7 +73,7 @@ def test_ratios_are_withheld_on_a_loaded_machine(workdir):
     res = latent_cost.CostResult("w", 8, 4, 1, "synthetic", "test", "llama", [
         m("Direct-SFT", "textsft_direct", "direct", 5.0, 0.0, 4.0, [0.001]),
         m("CoT-SFT", "textsft_cot", "cot", 50.0, 20.0, 24.0, [0.004]),
-        m("DLR-SFT", "sft", "latent", 9.0, 4.0, 10.0, [0.0016])], loads=[3.0])
+        m("DLR-SFT", "sft", "latent", 9.0, 4.0, 10.0, [0.0016])], task="1-4 steps", loads=[3.0])
     loaded = latent_cost.render_section([res], "cmd", INFO)
     assert "not written" in loaded and "Cap on this task" not in loaded
     idle = latent_cost.render_section([dataclass_replace(res, loads=[0.2])], "cmd", INFO)
@@ -87,9 +88,9 @@ def dataclass_replace(res, **kw):
 
 
 def test_arguments_name_what_is_missing(workdir, tmp_path):
-    args = argparse.Namespace(cost_questions=8, cost_batches="4,1", cost_workdir=tmp_path)
+    args = argparse.Namespace(cost_questions=8, cost_batches="4,1", cost_workdir=[workdir, tmp_path])
     assert "not a dlr_jax workdir" in latent_cost.check_arguments(args)
-    args.cost_workdir = workdir
+    args.cost_workdir = [workdir]
     assert latent_cost.check_arguments(args) is None
     args.cost_questions = 0
     assert "--cost-questions" in latent_cost.check_arguments(args)
