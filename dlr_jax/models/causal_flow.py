@@ -62,7 +62,7 @@ class CausalFlowConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots
-    attention: str = "auto"  # auto | xla | cudnn (einsum = xla): see transformer.resolve_attention
+    attention: str = "auto"  # auto | xla | cudnn (einsum = xla): see attention.resolve_attention
     # Adds visual token i to query i's output (N queries = N visual tokens). Not in DeepEncoder V2,
     # whose flow starts from a pretrained LM: a *randomly initialised* flow's query outputs barely
     # depend on the image (the query pool dominates), the OCR decoder learns to ignore them, and the

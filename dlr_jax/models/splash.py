@@ -57,7 +57,7 @@ def splash_attention(
     interpret: bool = False,
 ) -> Float[Array, "b t h hd"]:
     """Causal attention within segments with the splash kernel; the same maths as
-    `transformer.attention` with `causal_mask(segment_ids)` at every real (segment != 0) position."""
+    `attention.attention` with `causal_mask(segment_ids)` at every real (segment != 0) position."""
     b, t, h, hd = q.shape
     kv = k.shape[2]
     q = q * jnp.asarray(1.0 / math.sqrt(hd), q.dtype)  # the kernel does not scale the logits
