@@ -330,13 +330,19 @@ class Sampler:
         """`unstack_layers`: decode with each layer's weights sliced once per call (one extra copy of the
         layer weights while generating) and a cache of per-layer buffers, instead of scanning the
         stacked layers every token (XLA:CPU copies each layer's weight and cache slices, every token);
-        None = yes when the model offers `layer_slices`. Compile time then grows with depth."""
+        None = on CPU devices, where the model offers `layer_slices` (on GPU and TPU the scan is kept: its
+        fusions read the slices, and the extra weight copy would cost device memory; not measured there
+        yet). Compile time grows with depth when on."""
         if prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {prompt_bucket}")
         self.graphdef, self.state = _split(model_or_split)
         model = model_or_split if isinstance(model_or_split, nnx.Module) else nnx.merge(self.graphdef, self.state)
         can = hasattr(model, "layer_slices")
-        self.unstack_layers = can if unstack_layers is None else bool(unstack_layers) and can
+        if unstack_layers is None:  # the copies it removes are XLA:CPU's; elsewhere keep the memory
+            device = None if mesh is None else next(iter(getattr(mesh, "devices", np.empty(0)).flat), None)
+            platform = getattr(device, "platform", None) or jax.default_backend()
+            unstack_layers = platform == "cpu"
+        self.unstack_layers = bool(unstack_layers) and can
         self.mesh, self.rules = mesh, rules
         self.max_total_len, self.prompt_bucket, self.cache_dtype = max_total_len, prompt_bucket, cache_dtype
         # One jitted function per batch sharding (at most two: batch split or replicated); each

@@ -239,8 +239,9 @@ def run_layers(
         y, (ck, cv) = layer_forward(cfg, p, y, positions, mask, inv_freq, (ck, cv, i), cache.index)
         return (y, ck, cv), None
 
-    if isinstance(cache.k, tuple):  # per-layer buffers meet stacked weights: scan over them stacked
-        cache = cache._replace(k=jnp.stack(cache.k), v=jnp.stack(cache.v))
+    if isinstance(cache.k, tuple):
+        raise ValueError("a cache of per-layer buffers (unstack_cache) needs per-layer weights: pass "
+                         "layers=model.layer_slices()")
     n_layers = cache.k.shape[0]
     (x, ck, cv), _ = jax.lax.scan(
         _remat(body_cached, cfg.remat), (x, cache.k, cache.v), (layer_params, jnp.arange(n_layers))
