@@ -274,6 +274,25 @@ def test_sharded_greedy_matches_single_device(sampler, greedy_run):
     np.testing.assert_allclose(s.score(ids, mask), sampler.score(ids, mask), atol=1e-5)
 
 
+def _decode_hlo(s: Sampler, prompts: list[list[int]]) -> tuple[str, np.ndarray]:
+    """The compiled decode loop's HLO text of one `generate` call, and its tokens."""
+    texts, get_fns = [], s.compiled_fns
+
+    def recording(*a):
+        prefill, decode = get_fns(*a)
+
+        def run(*args):
+            texts.append(decode.lower(*args).compile().as_text())
+            return decode(*args)
+
+        return prefill, run
+
+    s.compiled_fns = recording
+    out = s.generate(prompts, max_new_tokens=N_NEW)
+    (hlo,) = texts
+    return hlo, out.tokens
+
+
 def _decode_weight_gathers(layout: tuple[int, int, int]) -> tuple[int, np.ndarray]:
     """Compiles the decode loop for `layout` (data, fsdp, tensor) on 8 devices; returns how many of
     its all-gathers produce a weight-shaped array (a full or per-layer parameter), and the tokens."""
@@ -287,23 +306,10 @@ def _decode_weight_gathers(layout: tuple[int, int, int]) -> tuple[int, np.ndarra
     for x in jax.tree.leaves(nnx.state(model, nnx.Param)):
         shapes |= {tuple(x.shape), tuple(x.shape[1:])}
     s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
-    texts, get_fns = [], s.compiled_fns
-
-    def recording(*a):
-        prefill, decode = get_fns(*a)
-
-        def run(*args):
-            texts.append(decode.lower(*args).compile().as_text())
-            return decode(*args)
-
-        return prefill, run
-
-    s.compiled_fns = recording
-    out = s.generate(_prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]), max_new_tokens=N_NEW)
-    (hlo,) = texts
+    hlo, tokens = _decode_hlo(s, _prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]))
     gathered = [tuple(int(d) for d in m.split(",") if d)
                 for m in re.findall(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather\(", hlo)]
-    return sum(g in shapes for g in gathered), out.tokens
+    return sum(g in shapes for g in gathered), tokens
 
 
 def test_decode_loop_on_a_sampling_layout_gathers_no_weights():
@@ -319,25 +325,6 @@ def test_decode_loop_on_a_sampling_layout_gathers_no_weights():
     np.testing.assert_array_equal(tp_tokens, fsdp_tokens)
 
 
-def _decode_hlo(model, unstack: bool) -> tuple[str, np.ndarray]:
-    s = Sampler(model, prompt_bucket=16, max_total_len=MAX_TOTAL, unstack_layers=unstack)
-    texts, get_fns = [], s.compiled_fns
-
-    def recording(*a):
-        prefill, decode = get_fns(*a)
-
-        def run(*args):
-            texts.append(decode.lower(*args).compile().as_text())
-            return decode(*args)
-
-        return prefill, run
-
-    s.compiled_fns = recording
-    out = s.generate(_prompts(5, [5, 9, 12, 7]), max_new_tokens=N_NEW)
-    (hlo,) = texts
-    return hlo, out.tokens
-
-
 def test_decode_loop_reads_layer_weights_without_copying_them(model):
     """Scanning the stacked layers inside the decode loop slices every layer's weights out of the
     stacked arrays on every token, and XLA:CPU copies each slice (the whole model's weights per token,
@@ -351,8 +338,10 @@ def test_decode_loop_reads_layer_weights_without_copying_them(model):
     def weight_slices(hlo: str) -> int:
         return sum(shape in weights for shape in re.findall(r"%dynamic-slice[\w.-]* = f32\[([\d,]+)\]", hlo))
 
-    scanned, scanned_tokens = _decode_hlo(model, False)
-    unstacked, tokens = _decode_hlo(model, True)
+    prompts = _prompts(5, [5, 9, 12, 7])
+    sampler = lambda unstack: Sampler(model, prompt_bucket=16, max_total_len=MAX_TOTAL, unstack_layers=unstack)
+    scanned, scanned_tokens = _decode_hlo(sampler(False), prompts)
+    unstacked, tokens = _decode_hlo(sampler(True), prompts)
     assert weight_slices(scanned) > 0  # the control: the scan slices the MLP weights inside the loop
     assert weight_slices(unstacked) == 0
     # Nor does a layer's KV cache get copied out to be read: reading a layer out of the stacked cache

@@ -15,15 +15,12 @@ from dlr_jax.handoff import save_stage_model
 from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import new_latent_lm
+from tests import cli_micro
 
 ROOT = Path(__file__).resolve().parents[2]
-MICRO = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-    "model.num_kv_heads=1", "model.head_dim=16", "data.synthetic_train=60", "data.synthetic_eval=12",
-    "data.max_len=96", "tokenizer.vocab_size=300", "tokenizer.pad_multiple=64", "latent.num_latents=16",
-    "latent.latent_dim=16", "latent.source=random", "mesh.fsdp=1", "sampling.prompt_bucket=16",
-    "eval.max_new_tokens=24", "eval.max_latents=4",
-]
+# The CLI tests' micro model, with evaluation lengths an untrained model finishes in.
+MICRO = [*cli_micro.MICRO, "data.synthetic_train=60", "data.synthetic_eval=12", "latent.num_latents=16",
+         "eval.max_new_tokens=24", "eval.max_latents=4"]
 INFO = {"cpu": "test cpu", "cores": "2 usable of 2", "load": "0.10", "versions": "v", "date": "today"}
 
 
