@@ -146,6 +146,7 @@ def evaluate_examples(
     prompt_bucket: int = 64,
     sampler: Sampler | None = None,
     subsets: Mapping[str, Collection[str]] | None = None,
+    latent_prefix: Mapping[str, Sequence[int]] | None = None,
     progress: bool = False,
 ) -> EvalResult:
     """Generates one answer per example and seed and scores it (see the module docstring).
@@ -154,6 +155,10 @@ def evaluate_examples(
     share compiled functions across benchmarks). benchmark: scoring rule for `rewards.is_correct`.
     force_latents: n -> `</latent>` forced after n latents (replaces the `max_latents` cap).
     subsets: name -> example ids; each gets its own metrics under `metrics["subsets"][name]`.
+    latent_prefix: example id -> code indices (latent mode only): the prompt ends with the given span
+    `<latent> z.. </latent>` and the model writes only the answer (latent ids and boundaries masked
+    out); #L counts the given codes. `dlr_jax.latent_probe` uses it to ask how well the answer reads
+    the latents (gold vs shuffled spans), apart from how well the model predicts them.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -166,10 +171,16 @@ def evaluate_examples(
                          f"got {seeds}, {batch_size}, {max_new_tokens}")
     if force_latents is not None and force_latents < 0:
         raise ValueError(f"force_latents must be >= 0, got {force_latents}")
+    if latent_prefix is not None:
+        if mode != "latent":
+            raise ValueError(f"latent_prefix needs mode 'latent', got {mode!r}")
+        missing = [ex.id for ex in examples if ex.id not in latent_prefix]
+        if missing:
+            raise ValueError(f"latent_prefix has no codes for {len(missing)} examples, e.g. {missing[:3]}")
     sampler = sampler or Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket)
     vocab = sampler._vocab_size()
     processor, aux = None, None
-    if mode == "latent":
+    if mode == "latent" and latent_prefix is None:
         if tok.num_latents < 1 or vocab < tok.latent_offset + tok.num_latents:
             raise ValueError(
                 f"latent mode needs a model with the {tok.num_latents} latent rows after id "
@@ -182,10 +193,14 @@ def evaluate_examples(
                              f"latents: need >= {limit + 5} (<latent> z.. </latent> <answer> a </answer>)")
         processor = latent_phase_processor
         aux = latent_processor_aux(tok, limit=limit, constrain=constrain_format)
-    vocab_mask = eval_vocab_mask(tok, vocab, mode, constrain_format)
+    # a given span is closed: what follows is the answer, as in direct mode
+    vocab_mask = eval_vocab_mask(tok, vocab, "direct" if latent_prefix is not None else mode, constrain_format)
     stop_ids = [tok.answer_end_id, tok.eos_id]
 
     prompts = [prompt_ids(tok, ex.question) for ex in examples]
+    if latent_prefix is not None:
+        prompts = [p + [tok.latent_start_id, *tok.latent_ids(latent_prefix[ex.id]), tok.latent_end_id]
+                   for p, ex in zip(prompts, examples, strict=True)]
     batches = length_sorted_batches([len(p) for p in prompts], min(batch_size, len(prompts)))
     greedy = temperature == 0.0
     run_seeds = [0] if greedy else list(range(seeds))
@@ -216,6 +231,11 @@ def evaluate_examples(
                 if i not in rows:  # repeats padding the last batch come after the real row
                     gen = out.tokens[r, : out.lengths[r]]
                     rows[i] = _score_one(tok, examples[i], benchmark, gen, bool(out.finished[r]), seed, mode)
+                    if latent_prefix is not None:
+                        given = [int(c) for c in latent_prefix[examples[i].id]]
+                        span = np.asarray(prompts[i][-len(given) - 2:], gen.dtype)  # the grammar reads the whole output
+                        rows[i].update(n_latents=len(given), L=len(given), latent_codes=given, latents_given=True,
+                                       format_ok=_format_ok(tok, np.concatenate([span, gen])))
                     rows[i]["wall_s"] = seconds / real
             bar.update(1)
         samples += [rows[i] for i in range(len(examples))]
@@ -224,7 +244,7 @@ def evaluate_examples(
     metrics = {"benchmark": benchmark, "mode": mode, **summarise(samples, run_seeds), "seeds": run_seeds,
                "seeds_requested": seeds, "greedy_single_run": greedy, "temperature": temperature,
                "force_latents": force_latents, "max_latents": max_latents if mode == "latent" else None,
-               "constrain_format": constrain_format, "std": STD_NOTE,
+               "constrain_format": constrain_format, "latents_given": latent_prefix is not None, "std": STD_NOTE,
                "timing": {"batch_seconds": batch_seconds, "batch_rows": [len(set(i.tolist())) for i in batches],
                           "batch_compiled": compiled,
                           "note": "generation wall seconds per batch and seed (sampling + host transfer, not "
@@ -257,11 +277,15 @@ def _score_one(tok: Tokenizer, ex: Example, benchmark: str, gen: np.ndarray, fin
         "latent_codes": parsed.codes, "gen_tokens": int(gen.shape[0]), "finished": finished,
     }
     if mode == "latent":
-        row["format_ok"] = bool(format_reward(
-            gen, latent_start_id=tok.latent_start_id, latent_end_id=tok.latent_end_id,
-            answer_start_id=tok.answer_start_id, answer_end_id=tok.answer_end_id,
-            is_latent=(tok.latent_offset, tok.num_latents)))
+        row["format_ok"] = _format_ok(tok, gen)
     return row
+
+
+def _format_ok(tok: Tokenizer, gen: np.ndarray) -> bool:
+    return bool(format_reward(
+        gen, latent_start_id=tok.latent_start_id, latent_end_id=tok.latent_end_id,
+        answer_start_id=tok.answer_start_id, answer_end_id=tok.answer_end_id,
+        is_latent=(tok.latent_offset, tok.num_latents)))
 
 
 def reasoning_length(tok: Tokenizer, gen: np.ndarray, mode: str, n_latents: int) -> int:
@@ -403,7 +427,8 @@ def default_mode(stage: str) -> str:
     return STAGE_MODES.get(stage, "latent")
 
 
-def _mesh_of(model: Any) -> Mesh | None:
+def model_mesh(model: Any) -> Mesh | None:
+    """The mesh a loaded model's params live on (None on one device): the sampler shards onto it."""
     from flax import nnx
 
     for leaf in jax.tree.leaves(nnx.state(model)):
@@ -453,7 +478,7 @@ def evaluate(
 
     results = run_benchmarks(
         model, tok, ev, mode=mode, force_latents=force_latents, constrain_format=constrain_format,
-        prompt_bucket=cfg.sampling.prompt_bucket, mesh=mesh or _mesh_of(model), rules=cfg.mesh.rules,
+        prompt_bucket=cfg.sampling.prompt_bucket, mesh=mesh or model_mesh(model), rules=cfg.mesh.rules,
         loader=loader, out_dir=stage_dir(workdir, stage) / "eval", tag=tag,
         record={"workdir": str(workdir), "stage": stage, "config": to_dict(cfg)}, progress=progress,
     )

@@ -1,4 +1,5 @@
-"""Micro network sizes shared by the codebook-related tests: each compile takes seconds, not minutes."""
+"""Micro network sizes shared by the codebook-related tests (each compile takes seconds, not minutes), and
+a workdir of untrained micro stages for the tools that read one."""
 
 from __future__ import annotations
 
@@ -13,3 +14,35 @@ def codebook_nets(*, num_queries: int, dec_layers: int = 1) -> list[str]:
         "codebook.dec_hidden=32", f"codebook.dec_layers={dec_layers}", "codebook.dec_heads=2",
         "codebook.dec_kv_heads=1", "codebook.dec_head_dim=16", "codebook.dec_mlp=64",
     ]
+
+
+def untrained_workdir(cfg, w, *, with_codebook: bool):
+    """`w` in the stages' own formats, from untrained micro models: tokenizer, textsft_cot backbone
+    and an sft latent LM (on the codebook stage's model and codebook.npy when `with_codebook`)."""
+    import jax
+    import numpy as np
+
+    from dlr_jax.checkpoint import save_params
+    from dlr_jax.config import to_dict
+    from dlr_jax.data.sources import load_examples
+    from dlr_jax.handoff import save_stage_model
+    from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
+    from dlr_jax.sharding import make_mesh
+    from dlr_jax.stages import common
+    from dlr_jax.stages.latent_common import new_latent_lm
+    from dlr_jax.workdir import final_dir
+
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    common.prepare_workdir(cfg, w)
+    tok = common.get_tokenizer(cfg, w, load_examples(cfg, "train"))
+    if with_codebook:  # before the latent LM: it takes its latent embeddings from codebook.npy
+        mcfg = CodebookModelConfig.from_config(cfg)
+        cb = build_codebook_model(mcfg, seed=0)
+        save_params(cb, final_dir(w, "codebook"), {"stage": "codebook", "kind": "codebook",
+                                                   "model": mcfg.to_dict(), "codebook": to_dict(cfg.codebook)})
+        np.save(w / "codebook" / "codebook.npy", np.asarray(cb.vq.codebook[...]))
+    backbone = common.new_backbone(cfg, tok, mesh)
+    save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
+    lm = new_latent_lm(cfg, w, tok, mesh)
+    save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
+    return w

@@ -322,3 +322,22 @@ def test_wall_time_per_question_is_each_batch_shared_by_its_real_rows(tok):
     again = ev.evaluate_examples(None, tok, _examples(6), "synthetic", **kw).metrics
     assert again["timing"]["batch_compiled"] == [[False, False]]
     assert again["warm_wall_s_per_question"]["mean"] == pytest.approx(sum(again["timing"]["batch_seconds"][0]) / 6)
+
+
+def test_latent_prefix_puts_the_span_in_the_prompt_and_decodes_only_the_answer(tok):
+    table = scripted_table(tok, n_latents=2)
+    table[tok.latent_end_id, _lat(tok, 5)] = 40.0  # stronger than <answer>: only the mask can stop it
+    golds = ["42", "7", "42"]
+    given = {"t/0": [3, 1], "t/1": [0], "t/2": [2, 2, 2]}
+    res = ev.evaluate_examples(BigramLM(table), tok, _examples(3, golds), "synthetic", max_new_tokens=12,
+                               batch_size=2, prompt_bucket=16, latent_prefix=given)
+    for s, ex_id in zip(res.samples, ["t/0", "t/1", "t/2"], strict=True):
+        # the model starts after the given </latent>: <answer> 4 2 </answer>, no latent of its own
+        assert s["answer"] == "42" and s["gen_tokens"] == 4 and s["latents_given"]
+        assert s["latent_codes"] == given[ex_id] and s["n_latents"] == s["L"] == len(given[ex_id])
+        assert s["format_ok"]  # the grammar judged on the given span + the answer
+    assert [s["correct"] for s in res.samples] == [True, False, True] and res.metrics["latents_given"]
+    with pytest.raises(ValueError, match="no codes for 1 examples"):
+        ev.evaluate_examples(BigramLM(table), tok, _examples(4), "synthetic", latent_prefix=given)
+    with pytest.raises(ValueError, match="needs mode 'latent'"):
+        ev.evaluate_examples(BigramLM(table), tok, _examples(3), "synthetic", mode="cot", latent_prefix=given)

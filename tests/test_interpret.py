@@ -12,16 +12,8 @@ import numpy as np
 import pytest
 
 from dlr_jax import interpret
-from dlr_jax.checkpoint import save_params
-from dlr_jax.config import load_config, to_dict
-from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import save_stage_model
-from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-from dlr_jax.sharding import make_mesh
-from dlr_jax.stages import common
-from dlr_jax.stages.latent_common import new_latent_lm
-from dlr_jax.workdir import final_dir
-from tests.micro import codebook_nets
+from dlr_jax.config import load_config
+from tests.micro import codebook_nets, untrained_workdir
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = [
@@ -37,25 +29,10 @@ MICRO = [
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A workdir in the stages' own formats, from untrained micro models: the codebook stage's model
-    (its OCR decoder reads the latents) and an sft latent LM on that codebook."""
-    import jax
-
+    """Untrained micro stages: the codebook stage's model (its OCR decoder reads the latents) and an sft
+    latent LM on that codebook."""
     cfg = load_config(ROOT / "configs" / "tiny.yaml", MICRO)
-    w = tmp_path_factory.mktemp("interp")
-    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    common.prepare_workdir(cfg, w)
-    tok = common.get_tokenizer(cfg, w, load_examples(cfg, "train"))
-    mcfg = CodebookModelConfig.from_config(cfg)
-    cb = build_codebook_model(mcfg, seed=0)
-    save_params(cb, final_dir(w, "codebook"), {"stage": "codebook", "kind": "codebook",
-                                                       "model": mcfg.to_dict(), "codebook": to_dict(cfg.codebook)})
-    np.save(w / "codebook" / "codebook.npy", np.asarray(cb.vq.codebook[...]))
-    backbone = common.new_backbone(cfg, tok, mesh)
-    save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
-    lm = new_latent_lm(cfg, w, tok, mesh)
-    save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
-    return w
+    return untrained_workdir(cfg, tmp_path_factory.mktemp("interp"), with_codebook=True)
 
 
 def test_rows_and_page_hold_every_element(workdir, tmp_path):

@@ -45,7 +45,8 @@ class LatentConfig:
     tie_projectors: bool = False
     train_codebook_in_sft: bool = True
     # codebook: ids from latents/<split>.jsonl written by the export stage;
-    # random: fixed pseudo-random ids per example (pipeline checks before a codebook exists).
+    # random: fixed pseudo-random ids per example (pipeline checks before a codebook exists);
+    # step_results: one code per CoT step <<a+b=c>> holding c, a perfect-codebook control (data/latents.py).
     source: str = "codebook"
     # Stage sft's dual branch (DESIGN §3, dlr_jax/stages/sft.py): the codebook stage's OCR decoder keeps
     # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process

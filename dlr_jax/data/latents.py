@@ -14,6 +14,10 @@ the latents file alone.
 `random_latents` is a stand-in for tests and for running align / sft before a codebook exists:
 each example gets a deterministic pseudo-random id sequence. It carries no information about the
 CoT, so a model trained on it learns nothing about reasoning from the latents.
+
+`step_result_latents` is the opposite control, a perfect codebook: one code per calculator step
+`<<a+b=c>>` of the CoT, holding its result c. It is not the paper's method (no image, no codebook);
+it measures what the language-model side of DLR can do when the latents do carry the chain.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -183,5 +188,35 @@ def random_latents(
             raise ValueError(f"n_fn returned {n} for example {ex.id!r}; need >= 1")
         rng = np.random.default_rng(_stable_seed(seed, ex.id))
         latents[ex.id] = rng.integers(0, num_codes, size=n).tolist()
+        examples_by_id[ex.id] = ex
+    return LatentTable(latents, examples=examples_by_id, num_codes=num_codes)
+
+
+_STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
+
+
+def step_result_code(value: str, num_codes: int) -> int:
+    """A step result as a code: an integer in [0, num_codes) is its own code; anything else (large,
+    negative, fractional) is hashed into the range, so distinct results can share a code."""
+    text = value.replace(",", "").strip()
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is not None and number.is_integer() and 0 <= number < num_codes:
+        return int(number)
+    return _stable_seed(0, text) % num_codes
+
+
+def step_result_latents(examples: Iterable[Example], num_codes: int) -> LatentTable:
+    """example id -> one code per `<<...=c>>` step of its CoT, holding c (`step_result_code`); a CoT
+    without calculator steps gets one code for its answer. See the module docstring: a control."""
+    if num_codes < 1:
+        raise ValueError(f"num_codes must be >= 1, got {num_codes}")
+    latents: dict[str, list[int]] = {}
+    examples_by_id: dict[str, Example] = {}
+    for ex in examples:
+        results = _STEP_RESULT.findall(ex.cot) or [ex.answer]
+        latents[ex.id] = [step_result_code(r, num_codes) for r in results]
         examples_by_id[ex.id] = ex
     return LatentTable(latents, examples=examples_by_id, num_codes=num_codes)

@@ -12,7 +12,7 @@ from jax.sharding import Mesh
 
 from dlr_jax.checkpoint import read_meta, restore_params
 from dlr_jax.config import Config, ModelConfig, from_dict
-from dlr_jax.data.latents import latents_path, random_latents, read_latents
+from dlr_jax.data.latents import latents_path, random_latents, read_latents, step_result_latents
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.handoff import latent_lm_factory, save_stage_model
@@ -23,11 +23,14 @@ from dlr_jax.workdir import final_dir, stage_dir
 
 def latents_for(cfg: Config, workdir: str | Path, split: str, examples: list[Example]) -> dict[str, Any]:
     """Latent code indices per example id: the export stage's file, or (latent.source=random) a
-    fixed pseudo-random stand-in that carries no information (pipeline checks only)."""
+    fixed pseudo-random stand-in that carries no information (pipeline checks only), or
+    (step_results) one code per CoT step holding its result (the perfect-codebook control)."""
     if cfg.latent.source == "random":
         return random_latents(examples, cfg.latent.num_latents, seed=cfg.run.seed)
+    if cfg.latent.source == "step_results":
+        return step_result_latents(examples, cfg.latent.num_latents)
     if cfg.latent.source != "codebook":
-        raise ValueError(f"latent.source must be codebook or random, got {cfg.latent.source!r}")
+        raise ValueError(f"latent.source must be codebook, random or step_results, got {cfg.latent.source!r}")
     path = latents_path(workdir, split)
     if not path.is_file():
         raise FileNotFoundError(
