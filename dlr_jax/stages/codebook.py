@@ -259,6 +259,17 @@ def cer(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return sum(edit_distance(h, r) for h, r in zip(hyps, refs, strict=True)) / max(total, 1)
 
 
+def final_number_match(hyps: Sequence[str], refs: Sequence[str]) -> float:
+    """Share of decodings whose last number is the reference's (a CoT's final result, the answer):
+    what an answer head could read from the codes, which CER hides (a decoding that keeps a chain's
+    brackets and layout but not its digits scores a fair CER and no final numbers)."""
+    from dlr_jax.answers import extract_answer, is_correct
+
+    golds = [extract_answer(r) for r in refs]
+    hits = [g is not None and is_correct(extract_answer(h), g, "gsm8k") for h, g in zip(hyps, golds, strict=True)]
+    return float(np.mean(hits)) if hits else 0.0
+
+
 def reconstruction_report(model: CodebookModel, texts: Sequence[str], cb: Any, *, seed: int = 0
                           ) -> dict[str, Any]:
     """Greedy CER with true ids, ids shuffled across examples of the same N, and the continuous H;
@@ -286,6 +297,8 @@ def reconstruction_report(model: CodebookModel, texts: Sequence[str], cb: Any, *
         "cer_true": cer(hyp_true, refs),
         "cer_shuffled": cer(hyp_shuf, refs),
         "cer_continuous": cer(hyp_cont, refs),
+        "final_number_true": final_number_match(hyp_true, refs),
+        "final_number_shuffled": final_number_match(hyp_shuf, refs),
         "perplexity": float(ppl),
         "used_codes": int(used),
         "mean_n": float(np.mean([len(z) for z in ids])),
@@ -440,5 +453,6 @@ def _print_summary(r: dict[str, Any]) -> None:
     rate = r["train_images_per_s"]
     print(f"[codebook] steps={r['steps']} K={r['K']} train {'n/a' if rate is None else f'{rate:.1f}'} images/s, render "
           f"{r['render_images_per_s_one_thread']:.0f} images/s/thread; held-out CER true={h.get('cer_true', 0):.3f} "
-          f"shuffled={h.get('cer_shuffled', 0):.3f} continuous={h.get('cer_continuous', 0):.3f}; perplexity "
+          f"shuffled={h.get('cer_shuffled', 0):.3f} continuous={h.get('cer_continuous', 0):.3f}; final number read "
+          f"back true={h.get('final_number_true', 0):.3f} shuffled={h.get('final_number_shuffled', 0):.3f}; perplexity "
           f"held-out={h.get('perplexity', 0):.1f} train={r['train_sample']['perplexity']:.1f}", flush=True)

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(r, indent=2))
     print(f"[codebook] step {r['step']}: held-out CER true={r['cer_true']:.3f} shuffled={r['cer_shuffled']:.3f} "
           f"(ratio {r['cer_true'] / max(r['cer_shuffled'], 1e-9):.2f}) continuous={r['cer_continuous']:.3f}; "
+          f"final number read back true={r['final_number_true']:.3f} shuffled={r['final_number_shuffled']:.3f}; "
           f"perplexity {r['perplexity']:.1f}, {r['used_codes']} codes used, {r['examples']} CoTs -> {out}")
     return 0
 

@@ -70,6 +70,14 @@ def test_edit_distance_and_cer():
     assert codebook.cer(["", ""], ["ab", "c"]) == 1.0
 
 
+def test_final_number_match_reads_the_last_number_only():
+    refs = ["<<10+9=19>> <<19-3=16>> <<16*6=96>>", "<<5*9=45>>", "<<2+2=4>>", "<<1+1=2>>"]
+    # layout kept and digits lost (a fair CER) reads no answer; the right last number is enough
+    hyps = ["<<10*2=10>> <<10*2=10>> <<10*10=100>>", "<<7*8=45>>", "<<2+2=4.0>>", ""]
+    assert codebook.final_number_match(hyps, refs) == 0.5
+    assert codebook.final_number_match(refs, refs) == 1.0 and codebook.final_number_match([], []) == 0.0
+
+
 def test_continuous_branch_is_skipped_once_alpha_is_zero():
     cfg = _cfg()
     model = build_codebook_model(CodebookModelConfig.from_config(cfg), seed=0)
@@ -142,7 +150,8 @@ def test_checkpoint_report_matches_the_final_report(run_dir, capsys):
     assert codebook_report.main(["--workdir", str(w)]) == 0
     got = json.loads((w / "codebook" / "report_step3.json").read_text())
     assert got["step"] == 3 and "CER true=" in capsys.readouterr().out
-    for k in ("examples", "cer_true", "cer_shuffled", "cer_continuous", "perplexity", "used_codes"):
+    for k in ("examples", "cer_true", "cer_shuffled", "cer_continuous", "final_number_true",
+              "final_number_shuffled", "perplexity", "used_codes"):
         assert got[k] == pytest.approx(final[k], abs=1e-6), k
     assert codebook_report.checkpoint_report(w, step=2, examples=4)["step"] == 2
     with pytest.raises(FileNotFoundError, match="no main-phase checkpoint at step 7"):
