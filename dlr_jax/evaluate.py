@@ -156,8 +156,9 @@ def evaluate_examples(
     force_latents: n -> `</latent>` forced after n latents (replaces the `max_latents` cap).
     subsets: name -> example ids; each gets its own metrics under `metrics["subsets"][name]`.
     latent_prefix: example id -> code indices (latent mode only): the prompt ends with the given span
-    `<latent> z.. </latent>` and the model writes only the answer (latent ids and boundaries masked
-    out); #L counts the given codes. `dlr_jax.latent_probe` uses it to ask how well the answer reads
+    `<latent> z.. </latent>` and the model writes only the answer (with `constrain_format`, latent ids and
+    boundaries masked out); #L counts the given codes; `force_latents` does not apply (an error).
+    `dlr_jax.latent_probe` uses it to ask how well the answer reads
     the latents (gold vs shuffled spans), apart from how well the model predicts them.
     """
     if mode not in MODES:
@@ -174,6 +175,8 @@ def evaluate_examples(
     if latent_prefix is not None:
         if mode != "latent":
             raise ValueError(f"latent_prefix needs mode 'latent', got {mode!r}")
+        if force_latents is not None:
+            raise ValueError("latent_prefix gives the latent span: force_latents cannot apply to it")
         missing = [ex.id for ex in examples if ex.id not in latent_prefix]
         if missing:
             raise ValueError(f"latent_prefix has no codes for {len(missing)} examples, e.g. {missing[:3]}")

@@ -4,8 +4,9 @@
 
 DLR can only beat Direct-SFT if two things hold: the latent span carries what the answer needs, and
 the model writes the right span for an unseen question. A Pass@1 number mixes them; this probe
-separates them on the questions of one split whose gold codes the export stage wrote
-(`W/latents/<split>.jsonl`), with the evaluation code (`dlr_jax.evaluate.evaluate_examples`, greedy):
+separates them on the questions of one split and their gold codes (the export stage's
+`W/latents/<split>.jsonl` for codebook latents; computed for `latent.source` random or step_results),
+with the evaluation code (`dlr_jax.evaluate.evaluate_examples`, greedy):
 
 * `generated` — the model writes its own latents, then the answer (what `evaluate` reports);
 * `gold` — the prompt ends with the question's own gold span `<latent> z.. </latent>` and the model
@@ -15,7 +16,9 @@ separates them on the questions of one split whose gold codes the export stage w
 
 `gold - shuffled` is what the answer reads from the latents; `gold - generated` is what predicting
 them loses. Latent match compares generated with gold codes per position and as whole spans, and
-Pass@1 is split by whether the span matched. Writes `W/<stage>/eval/latent_probe_<split>.json`.
+Pass@1 is split by whether the span matched. Two questions can share a gold span (short spans, few
+codes): `shuffled_equals_gold` says how often the shuffled span is the question's own.
+Writes `W/<stage>/eval/latent_probe_<split>.json`.
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ def probe_examples(model: Any, tok: Any, examples: Sequence[Any], gold: Mapping[
                                                        "shuffled": [int(c) for c in shuffled[ex.id]]},
                 **{f"{k}_{name}": runs[name].samples[i][k] for name in CONDITIONS for k in ("answer", "correct")}}
                for i, (ex, z) in enumerate(zip(examples, spans, strict=True))]
-    return {"n": len(examples), "conditions": conditions,
+    same = float(np.mean([list(map(int, shuffled[ex.id])) == z for ex, z in zip(examples, spans, strict=True)]))
+    return {"n": len(examples), "conditions": conditions, "shuffled_equals_gold": same,
             "latent_match": latent_match([s["latent_codes"] for s in own], spans),
             "by_match": by_match, "shuffle_seed": seed, "samples": samples}
 
@@ -118,7 +122,8 @@ def format_probe(result: Mapping[str, Any]) -> str:
         f"the answer reads the latents: gold - shuffled = {reads:+.1f} points; predicting them costs "
         f"gold - generated = {lost:+.1f} points",
         f"generated vs gold codes (n = {result['n']}): whole span {100 * m['exact_span']:.1f}%, per position "
-        f"[{pos}]%, same length {100 * m['same_length']:.1f}%",
+        f"[{pos}]%, same length {100 * m['same_length']:.1f}%; shuffled span = own gold span for "
+        f"{100 * result['shuffled_equals_gold']:.1f}%",
         "Pass@1 of generated when its span matched gold: "
         + (f"{100 * hit['pass_at_1']:.1f}% (n = {hit['n']})" if hit["n"] else "no span matched")
         + (f"; when it did not: {100 * miss['pass_at_1']:.1f}% (n = {miss['n']})" if miss["n"] else ""),
@@ -165,11 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m dlr_jax.latent_probe",
         description="Separate the two things DLR needs: does the answer read the latents (gold vs shuffled "
         "gold spans in the prompt), and does the model write them (its own span vs gold)? Greedy, the "
-        "evaluation code, on the questions of one split the export stage wrote codes for.",
+        "evaluation code, on the questions of one split with their gold codes.",
         epilog="Writes <workdir>/<stage>/eval/latent_probe_<split>.json (conditions, latent match, per-question "
         "answers and codes) and prints a table.",
     )
-    p.add_argument("--workdir", required=True, help="a trained workdir (codebook + export + sft at least)")
+    p.add_argument("--workdir", required=True, help="a trained workdir with a latent stage (codebook latents: "
+                   "also the export stage's latents/<split>.jsonl)")
     p.add_argument("--stage", default="sft", help="latent stage to probe: sft (default), rl or align")
     p.add_argument("--split", help="split with gold codes in <workdir>/latents/ (default: data.eval_split); "
                    "train shows what the model fit")

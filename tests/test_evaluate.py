@@ -341,3 +341,5 @@ def test_latent_prefix_puts_the_span_in_the_prompt_and_decodes_only_the_answer(t
         ev.evaluate_examples(BigramLM(table), tok, _examples(4), "synthetic", latent_prefix=given)
     with pytest.raises(ValueError, match="needs mode 'latent'"):
         ev.evaluate_examples(BigramLM(table), tok, _examples(3), "synthetic", mode="cot", latent_prefix=given)
+    with pytest.raises(ValueError, match="force_latents cannot apply"):
+        ev.evaluate_examples(BigramLM(table), tok, _examples(3), "synthetic", force_latents=2, latent_prefix=given)

@@ -40,6 +40,7 @@ def test_probe_runs_three_conditions_on_one_sampler(tok):  # noqa: F811
     model = BigramLM(scripted_table(tok, n_latents=3))
     examples = _examples(4, ["42", "42", "7", "42"])
     gold = {"t/0": [0, 1, 2], "t/1": [3, 4, 5], "t/2": [0, 1, 2], "t/3": [6]}
+    other = {"t/0": [0, 1, 2], "t/1": [3, 4, 5], "t/2": [2, 1, 0], "t/3": [6]}  # every span its own
     r = lp.probe_examples(model, tok, examples, gold, "synthetic", batch_size=2, max_new_tokens=16,
                           max_latents=8, prompt_bucket=16)
     assert {c: v["pass_at_1"] for c, v in r["conditions"].items()} == {"generated": 0.75, "gold": 0.75,
@@ -52,6 +53,12 @@ def test_probe_runs_three_conditions_on_one_sampler(tok):  # noqa: F811
     for s in r["samples"]:
         assert s["codes"]["generated"] == [0, 1, 2] and s["codes"]["gold"] == gold[s["id"]]
         assert s["codes"]["shuffled"] in [v for k, v in gold.items() if k != s["id"]]
+    # t/0 and t/2 share a gold span: a shuffle between them hands a question its own span, and says so
+    assert r["shuffled_equals_gold"] == sum(s["codes"]["shuffled"] == s["codes"]["gold"] for s in r["samples"]) / 4
+    q = lp.probe_examples(model, tok, examples, other, "synthetic", batch_size=2, max_new_tokens=16, max_latents=8,
+                          prompt_bucket=16, seed=3)
+    assert q["shuffled_equals_gold"] == 0.0  # distinct spans: the derangement never gives one back
+    assert all(s["codes"]["shuffled"] != other[s["id"]] for s in q["samples"])
     text = lp.format_probe(r)
     assert "gold - shuffled = +0.0 points" in text and "whole span 50.0%" in text
 

@@ -209,14 +209,18 @@ def step_result_code(value: str, num_codes: int) -> int:
 
 
 def step_result_latents(examples: Iterable[Example], num_codes: int) -> LatentTable:
-    """example id -> one code per `<<...=c>>` step of its CoT, holding c (`step_result_code`); a CoT
-    without calculator steps gets one code for its answer. See the module docstring: a control."""
+    """example id -> one code per `<<...=c>>` step of its CoT, holding c (`step_result_code`). CoTs
+    need calculator annotations (synthetic, GSM8K-Aug): a CoT without any is an error, not a code for its
+    answer, which would hand the answer to the model. See the module docstring: a control."""
     if num_codes < 1:
         raise ValueError(f"num_codes must be >= 1, got {num_codes}")
     latents: dict[str, list[int]] = {}
     examples_by_id: dict[str, Example] = {}
     for ex in examples:
-        results = _STEP_RESULT.findall(ex.cot) or [ex.answer]
+        results = _STEP_RESULT.findall(ex.cot)
+        if not results:
+            raise ValueError(f"latent.source=step_results: example {ex.id!r} has no calculator step <<a+b=c>> in its "
+                             f"CoT {ex.cot[:80]!r}; this control needs annotated CoTs (synthetic, gsm8k_aug)")
         latents[ex.id] = [step_result_code(r, num_codes) for r in results]
         examples_by_id[ex.id] = ex
     return LatentTable(latents, examples=examples_by_id, num_codes=num_codes)

@@ -283,7 +283,8 @@ def reconstruction_report(model: CodebookModel, texts: Sequence[str], cb: Any, *
     for i, z in enumerate(ids):
         by_n.setdefault(len(z), []).append(i)
     for group in by_n.values():
-        for i, j in zip(group, np.roll(rng.permutation(group), 1), strict=True):  # no fixed points
+        order = rng.permutation(group)  # one cycle through the group: no example keeps its own ids
+        for i, j in zip(order, np.roll(order, -1), strict=True):
             shuffled[i] = ids[j] if len(group) > 1 else ids[i]
     dec = LatentDecoder(model, batch_size=cb.eval_batch_size)
     t0 = time.perf_counter()

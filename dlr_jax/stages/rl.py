@@ -411,6 +411,9 @@ def run(
     extras: dict[str, Any] = {}
     if rl.process_weight == 0:
         print("[rl] process reward off (rl.process_weight=0)", flush=True)
+    elif latent_decoder is None and cfg.latent.source != "codebook":  # its OCR decoder reads codebook ids only
+        print(f"[rl] process reward skipped: latent.source={cfg.latent.source} ids are not the codebook's, its OCR "
+              "decoder cannot read them (rl.process_weight=0 silences this)", flush=True)
     else:
         decoder = latent_decoder or load_latent_decoder(cfg, workdir, smesh)
         if decoder is None:

@@ -99,8 +99,8 @@ def test_step_result_latents_hold_each_steps_result(examples):
     chain = Example("c/1", "q", "<<10+9=19>> <<19-3=16>> <<16*6=96>>", "96", "synthetic")
     big = Example("c/2", "q", "<<600*30/100=180>> <<1000+234=1,234>> <<1-3=-2>>", "-2", "gsm8k_aug")
     bare = Example("c/3", "q", "She has 7 left.", "7", "svamp")
-    t = step_result_latents([chain, big, bare, *examples], 512)
-    assert t["c/1"] == (19, 16, 96) and t["c/3"] == (7,)
+    t = step_result_latents([chain, big, *examples], 512)
+    assert t["c/1"] == (19, 16, 96)
     # out of range (1234, -2) -> hashed into [0, K), the same way every time; commas are not digits
     assert t["c/2"][0] == 180 and t["c/2"][1] == step_result_code("1234", 512) == step_result_code("1,234", 512)
     assert all(0 <= k < 512 for k in t["c/2"]) and step_result_code("-2", 512) == t["c/2"][2]
@@ -108,6 +108,8 @@ def test_step_result_latents_hold_each_steps_result(examples):
         assert len(t[ex.id]) == ex.cot.count("<<") and t[ex.id][-1] == int(ex.answer)
     with pytest.raises(ValueError, match="num_codes"):
         step_result_latents([chain], 0)
+    with pytest.raises(ValueError, match="'c/3' has no calculator step"):  # never the answer as a code
+        step_result_latents([chain, bare], 512)
 
 
 def test_random_latents_custom_n_and_errors(examples):

@@ -4,6 +4,7 @@ and a toy task on which GRPO updates raise the reward."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -242,6 +243,20 @@ def test_prompt_stream_is_seeded_and_resumable():
     assert b.steps == 3
     with pytest.raises(ValueError, match="different data or seed"):
         rl.PromptStream(6, 3, seed=1).set_state(state)
+
+
+def test_process_reward_is_skipped_for_ids_that_are_not_the_codebooks(workdir, monkeypatch, capsys):
+    cfg, w = workdir
+
+    def no_decoder(*a, **k):
+        raise AssertionError("the OCR decoder must not be loaded for step_results ids")
+
+    monkeypatch.setattr(rl, "load_latent_decoder", no_decoder)
+    other = w.parent / "rl_step_results"  # the module's workdir, before any rl run
+    shutil.copytree(w, other, ignore=shutil.ignore_patterns("rl"))
+    res = rl.run(apply_overrides(cfg, ["latent.source=step_results"]), other, num_steps=1)
+    assert "process reward skipped: latent.source=step_results" in capsys.readouterr().out
+    assert "reward/process" not in res.history[0]
 
 
 def test_bad_rl_config_is_rejected(workdir):
