@@ -82,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             body = render_compile(bench_compile(size, layers=(shallow, deep), batch=args.batch,
                                                 seq=args.prompt_len, repeats=args.repeats, log=log),
                                   command, info)
-        write_section(args.out, name, body)
+        section = grpo_peers.section_name(args) if name == "grpo_peers" else name
+        write_section(args.out, section, body)
         log(f"{name}: wrote section to {args.out}\n{body}")
 

@@ -95,11 +95,30 @@ def machine_info() -> dict[str, str]:
     except (OSError, IndexError, ValueError):
         pass
     return {
-        "cpu": cpu, "cores": f"{cpu_threads()} usable of {os.cpu_count()}", "load": load,
+        "cpu": cpu, "cores": f"{cpu_threads()} usable of {os.cpu_count()}", "load": load, "gpu": gpu_model(),
         "versions": f"python {platform.python_version()}, jax {jax.__version__}, flax {version('flax')}, "
                     f"torch {torch.__version__}, transformers {transformers.__version__}",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def gpu_model() -> str:
+    """The GPUs `nvidia-smi` lists ("1 x NVIDIA H200, driver 580.1"), or "" where there is none. Asked
+    of nvidia-smi, not JAX: initialising JAX's GPU backend here would take memory the workers need."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return ""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if not out:
+        return ""
+    name, _, driver = out[0].partition(",")
+    return f"{len(out)} x {name.strip()}, driver {driver.strip()}"
 
 
 def version(pkg: str) -> str:
@@ -110,8 +129,9 @@ def version(pkg: str) -> str:
 
 def header(title: str, command: str, info: dict[str, str]) -> list[str]:
     """The first lines of every section: title, the command that wrote it, the machine, the date."""
+    gpu = f"; GPU: {info['gpu']}" if info.get("gpu") else ""
     return [f"## {title}", "", f"Command: `{command}`  ", f"Machine: {info['cpu']}, {info['cores']} cores "
-            f"(load average at start {info['load']}); {info['versions']}  ", f"Date: {info['date']}", ""]
+            f"(load average at start {info['load']}){gpu}; {info['versions']}  ", f"Date: {info['date']}", ""]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
     """Builds the stage's GRPOStep on the workload's model; returns `step(i) -> STEP payload`."""
     import dataclasses
 
+    import jax
     from flax import nnx
 
     from dlr_jax.convert import load_hf
@@ -94,6 +95,7 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
         ro.batch["advantages"] = grpo.advantages(reward)
         t3 = time.perf_counter()
         grpo.update(ro.batch, i)
+        jax.block_until_ready(grpo.sampler.state)  # the new sampling copy is part of the update
         t4 = time.perf_counter()
         if not (out.lengths == work["new_tokens"]).all():
             raise RuntimeError(f"completion lengths {sorted(set(out.lengths.tolist()))}, expected {work['new_tokens']}")
@@ -105,7 +107,8 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
 def versions() -> dict[str, str]:
     import jax
 
-    return {"framework": "dlr_jax", "jax": jax.__version__, "flax": version("flax"), "optax": version("optax")}
+    return {"framework": "dlr_jax", "jax": jax.__version__, "flax": version("flax"), "optax": version("optax"),
+            "device": jax.devices()[0].device_kind}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -64,9 +64,9 @@ def prompt_text(ids: list[int]) -> str:
 
 def build_workload(out_dir: Path, size: common.Size, *, mu: int, steps: int, prompts: int = 8, group: int = 8,
                    new_tokens: int = 64, prompt_len: int = 16, beta: float = 1e-3, lr: float = 1e-5,
-                   seed: int = 0, hf_dir: Path | None = None) -> dict[str, Any]:
+                   seed: int = 0, hf_dir: Path | None = None, device: str = "cpu") -> dict[str, Any]:
     """The workload every worker reads. Writes the random Llama + tokenizer to `out_dir` unless
-    `hf_dir` already holds them (one model for every mu)."""
+    `hf_dir` already holds them (one model for every mu). `device`: "cpu" or "gpu", for all three."""
     if hf_dir is None:
         from dlr_jax.bench.sampling import build_hf_llama
 
@@ -78,7 +78,16 @@ def build_workload(out_dir: Path, size: common.Size, *, mu: int, steps: int, pro
     return {"hf_dir": str(hf_dir), "prompts": ids, "prompt_texts": [prompt_text(p) for p in ids], "group": group,
             "new_tokens": new_tokens, "temperature": 1.0, "mu": mu, "beta": beta, "epsilon": 0.2, "lr": lr,
             "seed": seed, "steps": steps, "pad_id": 0, "eos_id": 0, "rope_theta": 500000.0,
-            "model": size.describe()}
+            "model": size.describe(), "device": device}
+
+
+def worker_env(device: str) -> dict[str, str]:
+    """Environment for every worker. On a GPU: JAX allocates as it goes (two JAX workers share the card;
+    by default each would claim 75 % of its memory at start) and multiplies fp32 matrices in full fp32
+    as PyTorch does by default (JAX's default on a GPU is TF32). On a CPU: JAX stays on the CPU."""
+    if device == "gpu":
+        return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_DEFAULT_MATMUL_PRECISION": "float32"}
+    return {"JAX_PLATFORMS": "cpu"}
 
 
 def worker_command(framework: str, workload: Path, peers_dir: Path) -> tuple[list[str] | None, str]:
@@ -150,7 +159,7 @@ def bench_grpo_peers(size: common.Size, *, mus: tuple[int, ...] = (1, 4), steps:
                     log(f"grpo_peers: {fw} skipped: {why}")
                     continue
                 log(f"grpo_peers: mu={mu}: starting {fw}")
-                w = Worker(fw, argv, root / f"{fw}_mu{mu}.log", log)
+                w = Worker(fw, argv, root / f"{fw}_mu{mu}.log", log, env=worker_env(work["device"]))
                 try:
                     ready = w.expect(protocol.READY)
                     side.versions, side.notes = ready.get("versions", {}), ready.get("notes", [])
@@ -188,8 +197,12 @@ def render_section(res: PeersResult, command: str, info: dict[str, str], *, allo
     # Gate on the load before the first step: during the run the 1-minute average counts the
     # benchmark's own threads (a framework step keeps both cores busy, reading ~2 by itself).
     refusal = common.ratio_refusal(res.loads[:1], allow_load)
-    lines = common.header("GRPO step: dlr_jax vs TRL and tunix", command, info) + [
-        f"Workload: random Llama ({w['model']}), fp32, saved once with `transformers` and loaded by all three; "
+    on_gpu = w.get("device") == "gpu"
+    gpu_note = " matmuls (no TF32) on the GPU" if on_gpu else ""
+    title = "GRPO step on a GPU: dlr_jax vs TRL and tunix" if on_gpu else "GRPO step: dlr_jax vs TRL and tunix"
+    lines = common.header(title, command, info) + [
+        f"Workload: random Llama ({w['model']}), fp32{gpu_note}, saved once with `transformers` and loaded by all "
+        "three; "
         f"{len(w['prompts'])} prompts of {len(w['prompts'][0])} tokens x G = {w['group']} completions of exactly "
         f"{w['new_tokens']} new tokens (no EOS stop), T = {w['temperature']:g}, beta = {w['beta']:g} with a reference "
         f"model, a zero-cost token reward, one minibatch of all {len(w['prompts']) * w['group']} rollouts per "
@@ -244,6 +257,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--peers-mu", default="1,4", help="grpo_peers: comma-separated inner epochs (mu) to measure")
     ap.add_argument("--peers-dir", type=Path, default=DEFAULT_PEERS_DIR,
                     help="grpo_peers: folder holding the trl/ and tunix/ venvs (`make peers`)")
+    ap.add_argument("--peers-device", choices=("cpu", "gpu"), default="cpu",
+                    help="grpo_peers: where all three run (gpu writes its own section, grpo_peers_gpu)")
     ap.add_argument("--peers-only", default=",".join(FRAMEWORKS),
                     help=f"grpo_peers: comma-separated subset of {','.join(FRAMEWORKS)}")
 
@@ -264,11 +279,17 @@ def check_arguments(args: argparse.Namespace) -> str | None:
     return f"--peers-only: unknown framework(s) {bad}; choose from {FRAMEWORKS}" if bad else None
 
 
+def section_name(args: argparse.Namespace) -> str:
+    """The BENCHMARKS.md section a run writes: the GPU comparison keeps its own."""
+    return "grpo_peers_gpu" if args.peers_device == "gpu" else "grpo_peers"
+
+
 def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
                 log: Callable[[str], None] = print) -> str:
     err = check_arguments(args)
     if err:
         raise ValueError(err)
     res = bench_grpo_peers(common.SIZES[args.peers_size], mus=parse_mus(args.peers_mu), steps=args.repeats,
-                           peers_dir=args.peers_dir, frameworks=tuple(args.peers_only.split(",")), log=log)
+                           peers_dir=args.peers_dir, frameworks=tuple(args.peers_only.split(",")), log=log,
+                           device=args.peers_device)
     return render_section(res, command, info, allow_load=getattr(args, "allow_load", False))

@@ -31,9 +31,11 @@ import peer_protocol as protocol  # this folder is first on sys.path when run as
 
 
 class PhaseClock:
-    """Seconds spent in wrapped methods since the last `reset`, by phase."""
+    """Seconds spent in wrapped methods since the last `reset`, by phase. `sync()` waits for the
+    device (CUDA runs asynchronously: a phase ends when its kernels have finished)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sync: Any = lambda: None) -> None:
+        self.sync = sync
         self.reset()
         self.scoring = False  # inside _generate_and_score_completions
 
@@ -54,6 +56,7 @@ class PhaseClock:
             try:
                 return inner(*args, **kwargs)
             finally:
+                self.sync()
                 self.spent[phase] += time.perf_counter() - t
                 if marks_scoring:
                     self.scoring = False
@@ -61,6 +64,7 @@ class PhaseClock:
         setattr(obj, name, timed)
 
     def record(self) -> dict[str, float]:
+        self.sync()
         total = time.perf_counter() - self.t0
         s = self.spent
         rewards = s["gen_and_score"] - s["generate"] - s["score"]
@@ -77,7 +81,7 @@ def build_trainer(work: dict[str, Any], out_dir: str) -> Any:
     torch.manual_seed(work["seed"])
     mu, p, g = work["mu"], len(work["prompts"]), work["group"]
     args = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, bf16=False,  # fp32 like the other two
+        output_dir=out_dir, use_cpu=work.get("device", "cpu") == "cpu", bf16=False,  # fp32 like the other two
         per_device_train_batch_size=p * g, gradient_accumulation_steps=1, steps_per_generation=1,
         num_generations=g, num_iterations=mu, max_steps=mu * work["steps"],
         max_completion_length=work["new_tokens"], generation_kwargs={"min_new_tokens": work["new_tokens"]},
@@ -102,8 +106,13 @@ def main(argv: list[str]) -> None:
 
     if len(argv) != 1:
         raise SystemExit("usage: peer_trl.py WORKLOAD.json")
+    import torch
+
     work = protocol.load_workload(argv[0])
-    clock = PhaseClock()
+    on_gpu = work.get("device", "cpu") == "gpu"
+    if on_gpu and not torch.cuda.is_available():
+        raise SystemExit("peer_trl.py: the workload asks for a GPU and torch sees none")
+    clock = PhaseClock(torch.cuda.synchronize if on_gpu else lambda: None)
     mu = work["mu"]
 
     class StepGate(TrainerCallback):
@@ -129,12 +138,12 @@ def main(argv: list[str]) -> None:
         clock.wrap(trainer, "_get_per_token_logps_and_entropies", "score", only_when_scoring=True)
         clock.wrap(trainer, "_generate_and_score_completions", "gen_and_score", marks_scoring=True)
         trainer.add_callback(StepGate())
-        import torch
-
+        where = (f"on {torch.cuda.get_device_name()} (TF32 matmuls off: torch's default)" if on_gpu
+                 else f"torch threads {torch.get_num_threads()}")
         protocol.send(protocol.READY, {"versions": {
             "framework": "TRL", "trl": version("trl"), "torch": torch.__version__,
             "transformers": version("transformers"), "accelerate": version("accelerate")},
-            "notes": ["fp32 (bf16=False)", f"torch threads {torch.get_num_threads()}",
+            "notes": ["fp32 (bf16=False)", where,
                       "old-policy log-probs computed by TRL only when num_iterations > 1 (its own rule)",
                       "EOS masked by min_new_tokens in sampling but not in TRL's scoring"]})
         trainer.train()

@@ -46,9 +46,12 @@ class Clock:
 
         setattr(obj, name, timed)
 
-    def report_and_wait(self) -> None:
-        """Reports the step in progress (if any), then waits for the next command."""
+    def report_and_wait(self, settle: Any = None) -> None:
+        """Reports the step in progress (if any), then waits for the next command. `settle()` blocks
+        until the device has finished the step's work (tunix returns from its update before that)."""
         if self.t0 is not None:
+            if settle is not None:
+                settle()
             total, s = time.perf_counter() - self.t0, self.spent
             protocol.send(protocol.STEP, protocol.step_record(
                 total, generate=s["generate"], score=s["score"], rewards=s["gen_adv"] - s["generate"] - s["score"],
@@ -120,20 +123,27 @@ def main(argv: list[str]) -> None:
     clock.wrap(learner, "_generate_and_compute_advantage", "gen_adv")
     inner = learner._run_global_step
 
+    import jax
+    from flax import nnx
+
+    def settle() -> None:
+        jax.block_until_ready(nnx.state(cluster.actor_trainer.model))
+
     def gated(*args: Any, **kwargs: Any) -> Any:
-        clock.report_and_wait()
+        clock.report_and_wait(settle)
         return inner(*args, **kwargs)
 
     learner._run_global_step = gated
-    import jax
 
     protocol.send(protocol.READY, {"versions": {
-        "framework": "tunix", "tunix": version("google-tunix"), "jax": jax.__version__, "flax": version("flax")},
+        "framework": "tunix", "tunix": version("google-tunix"), "jax": jax.__version__, "flax": version("flax"),
+        "device": jax.devices()[0].device_kind},
         "notes": ["tunix's Llama-3 (tunix.models.llama3) from the same safetensors; fp32",
                   "no EOS stop: the rollout's eos_tokens is an id outside the vocabulary",
                   "old-policy log-probs computed by tunix only when num_iterations > 1 (its own rule)",
                   "its scoring returns before the device finishes (async dispatch): that time lands in the "
-                  "next phase that waits, so its score column reads low and its step total is what counts"]})
+                  "next phase that waits, so its score column reads low and its step total is what counts "
+                  "(each step ends when the actor's weights are ready)"]})
     import numpy as np
 
     batch = {"prompts": np.array(work["prompt_texts"])}  # one leaf: tunix tree-maps np.repeat over the batch

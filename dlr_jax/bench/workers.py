@@ -8,8 +8,9 @@ a 1 s pause between them, while PyTorch's went from 2.9-3.4 s to 3.4-4.5 s. A us
 
 from __future__ import annotations
 
+import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,13 @@ class Worker:
     """One side's worker process: commands on its stdin, protocol lines back on its stdout, anything
     else it prints (and its stderr) into `log_path`."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path, log: Callable[[str], None] = print):
+    def __init__(self, name: str, argv: list[str], log_path: Path, log: Callable[[str], None] = print,
+                 env: Mapping[str, str] | None = None):
+        """`env`: variables set for the worker on top of this process's environment."""
         self.name, self.log = name, log
         self.log_file = log_path.open("w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log_file,
-                                     text=True, bufsize=1, cwd=common.REPO)
+                                     text=True, bufsize=1, cwd=common.REPO, env={**os.environ, **(env or {})})
         self.log_path = log_path
 
     def expect(self, kind: str) -> dict[str, Any]:

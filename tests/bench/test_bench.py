@@ -64,6 +64,17 @@ def test_write_section_creates_file_with_preamble(tmp_path):
     assert text.startswith(common.PREAMBLE) and text.endswith("<!-- /bench:compile -->\n")
 
 
+def test_gpu_model_reads_nvidia_smi_and_is_empty_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi on it
+    assert common.gpu_model() == ""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200, 580.159.04'\necho 'NVIDIA H200, 580.159.04'\n")
+    fake.chmod(0o755)
+    assert common.gpu_model() == "2 x NVIDIA H200, driver 580.159.04"
+    info = {"cpu": "cpu", "cores": "16", "load": "0.1", "versions": "v", "date": "today", "gpu": common.gpu_model()}
+    assert "(load average at start 0.1); GPU: 2 x NVIDIA H200, driver 580.159.04; v" in common.header("t", "c", info)[3]
+
+
 def test_parse_only():
     assert cli.parse_only("compile, sampling") == ["compile", "sampling"]
     with pytest.raises(argparse.ArgumentTypeError, match="sft"):

@@ -97,6 +97,27 @@ def test_mu_and_framework_arguments_are_checked():
     assert grpo_peers.parse_mus("1,4") == (1, 4)
 
 
+def test_gpu_runs_get_their_own_section_settings_and_machine_line():
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    grpo_peers.add_arguments(ap)
+    assert grpo_peers.section_name(ap.parse_args([])) == "grpo_peers"
+    assert grpo_peers.section_name(ap.parse_args(["--peers-device", "gpu"])) == "grpo_peers_gpu"
+    # two JAX workers share one card, in full fp32 as PyTorch's default; CPU runs keep JAX off any GPU
+    gpu = grpo_peers.worker_env("gpu")
+    assert gpu["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and gpu["JAX_DEFAULT_MATMUL_PRECISION"] == "float32"
+    assert grpo_peers.worker_env("cpu") == {"JAX_PLATFORMS": "cpu"}
+    res = _result([0.2])
+    res.workload["device"] = "gpu"
+    info = {"cpu": "cpu", "cores": "16", "load": "0.1", "versions": "v", "date": "today", "gpu": "1 x NVIDIA H200"}
+    text = grpo_peers.render_section(res, "cmd", info)
+    assert text.startswith("## GRPO step on a GPU: dlr_jax vs TRL and tunix")
+    assert "GPU: 1 x NVIDIA H200;" in text and "fp32 matmuls (no TF32) on the GPU" in text
+    cpu_text = grpo_peers.render_section(_result([0.2]), "cmd", info | {"gpu": ""})
+    assert "GPU:" not in cpu_text and "on the GPU" not in cpu_text
+
+
 def test_workers_run_interleaved_steps(capsys):
     """Our worker always; each peer whose venv exists (`make peers`), else skipped with the reason."""
     frameworks = ["dlr_jax"]
