@@ -536,6 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    from dlr_jax.compile_cache import enable as enable_compile_cache
+
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.aggregate:
@@ -547,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         print(format_aggregate(agg), flush=True)
         return agg
     maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
+    enable_compile_cache()
     if not a.workdir:
         parser.error("--workdir is required (or --aggregate W1 W2 ...)")
     results = evaluate(

@@ -118,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         sys.stdout.write(dump_config(cfg))
         return 0
+    from dlr_jax.compile_cache import enable as enable_compile_cache
     from dlr_jax.sharding import maybe_initialize_distributed  # jax only now: --print-config needs none
 
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
+        enable_compile_cache()  # GPU/TPU: a rerun or the next stage reuses compiled steps (compile_cache.py)
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
             with open_run(cfg, args.workdir, lock=_process_index() == 0):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
