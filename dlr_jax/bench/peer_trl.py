@@ -138,7 +138,8 @@ def main(argv: list[str]) -> None:
         clock.wrap(trainer, "_get_per_token_logps_and_entropies", "score", only_when_scoring=True)
         clock.wrap(trainer, "_generate_and_score_completions", "gen_and_score", marks_scoring=True)
         trainer.add_callback(StepGate())
-        where = (f"on {torch.cuda.get_device_name()} (TF32 matmuls off: torch's default)" if on_gpu
+        tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off (torch's default)"
+        where = (f"on {torch.cuda.get_device_name()}, TF32 matmuls {tf32}" if on_gpu
                  else f"torch threads {torch.get_num_threads()}")
         protocol.send(protocol.READY, {"versions": {
             "framework": "TRL", "trl": version("trl"), "torch": torch.__version__,
