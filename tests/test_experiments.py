@@ -244,6 +244,48 @@ def test_report_table_gap_cost_and_plots(tmp_path):
     assert "w/o process reward" in report.markdown(ab)
 
 
+def _trained(w: Path, stage: str, steps: int, *, finished: bool = True) -> None:
+    d = w / stage
+    (d / "final").mkdir(parents=True, exist_ok=True)
+    if finished:
+        (d / "final" / "meta.json").write_text("{}")
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in (steps // 2, steps)))
+
+
+def test_report_gives_each_method_its_training_steps_and_flags_unequal_budgets(tmp_path):
+    main = experiment("main", _tiny())
+    for s in range(2):
+        w = tmp_path / f"seed{s}/main"
+        w.mkdir(parents=True)
+        (w / "config.yaml").write_text("init_from: null\n")
+        for stage, n in (("textsft_direct", 300), ("textsft_cot", 800), ("align", 100), ("sft", 400), ("rl", 40)):
+            _trained(w, stage, n)
+        for m in main.methods:
+            _results(tmp_path, s, m, 0.3, 4.0, 10.0, 0.002)
+    direct, dlr_sft, dlr_full = (next(m for m in main.methods if m.label == x)
+                                 for x in ("Direct-SFT", "DLR-SFT", "DLR-Full"))
+    assert report.training_steps(tmp_path, 0, dlr_sft) == {"textsft_cot": 800, "align": 100, "sft": 400}
+    assert report.training_steps(tmp_path, 0, direct) == {"textsft_direct": 300}
+    res = report.build(main, root=tmp_path, seeds=[0, 1], command="cmd", config=TINY, overrides=[], steps_done=20,
+                       steps_total=20)
+    md = report.markdown(res)
+    assert "| 800 CoT-SFT + 100 align + 400 SFT + 40 GRPO |" in md and "| 300 Direct-SFT |" in md
+    assert "Direct-SFT trained 300 steps, DLR-SFT's model 1300 in all" in md
+    assert "--set train.textsft_direct.num_steps=1300" in md
+    # equal budgets: no warning; an unfinished stage has no count yet; with init_from the latent stages start
+    # from the checkpoint, not from CoT-SFT
+    for s in range(2):
+        _trained(tmp_path / f"seed{s}/main", "textsft_direct", 1300)
+    assert "budgets differ" not in report.markdown(report.build(main, root=tmp_path, seeds=[0, 1], command="cmd",
+                                                                config=TINY, overrides=[], steps_done=20,
+                                                                steps_total=20))
+    _trained(tmp_path / "seed1/main", "rl", 20, finished=False)
+    (tmp_path / "seed1/main/rl/final/meta.json").unlink()
+    assert report.training_steps(tmp_path, 1, dlr_full) is None
+    (tmp_path / "seed0/main/config.yaml").write_text("init_from: weights/qwen3-4b\n")
+    assert report.training_steps(tmp_path, 0, dlr_full) == {"align": 100, "sft": 400, "rl": 40}
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end.
 

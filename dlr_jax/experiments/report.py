@@ -41,6 +41,56 @@ def read_method(root: Path, seed: int, m: Method) -> dict[str, dict[str, Any]] |
     return out
 
 
+# The stages a method's model was trained through, in order: from-scratch configs start the latent
+# stages from the CoT-SFT model; with `init_from` they (and both text SFTs) start from the checkpoint.
+LINEAGE = {"textsft_direct": ("textsft_direct",), "textsft_cot": ("textsft_cot",), "align": ("textsft_cot", "align"),
+           "sft": ("textsft_cot", "align", "sft"), "rl": ("textsft_cot", "align", "sft", "rl")}
+STEP_NAMES = {"textsft_direct": "Direct-SFT", "textsft_cot": "CoT-SFT", "align": "align", "sft": "SFT", "rl": "GRPO"}
+
+
+def stage_steps(stage_dir: Path) -> int | None:
+    """Steps a finished stage trained (optimizer steps; GRPO steps for rl): the last `step` of its
+    metrics.jsonl; None while it has no final checkpoint."""
+    f = stage_dir / "metrics.jsonl"
+    if not f.is_file() or not (stage_dir / "final" / "meta.json").is_file():
+        return None
+    steps = [json.loads(line).get("step") for line in f.read_text().splitlines() if line.strip()]
+    steps = [int(x) for x in steps if x is not None]
+    return max(steps) if steps else None
+
+
+def training_steps(root: Path, seed: int, m: Method) -> dict[str, int] | None:
+    """{stage: steps} of every stage the method's model went through, or None if one is not finished."""
+    import yaml
+
+    w = seed_dir(root, seed) / m.variant
+    chain = LINEAGE.get(m.stage)
+    if chain is None or not (w / "config.yaml").is_file():
+        return None
+    if (yaml.safe_load((w / "config.yaml").read_text()) or {}).get("init_from") and len(chain) > 1:
+        chain = chain[1:]  # the latent stages start from the checkpoint, not from CoT-SFT
+    steps = {st: stage_steps(w / st) for st in chain}
+    return None if any(v is None for v in steps.values()) else steps  # type: ignore[return-value]
+
+
+def budget_text(steps: Mapping[str, int]) -> str:
+    """"800 CoT-SFT + 100 align + 1600 SFT + 40 GRPO"."""
+    return " + ".join(f"{n} {STEP_NAMES.get(st, st)}" for st, n in steps.items())
+
+
+def budget_warning(budgets: Mapping[str, Mapping[str, Mapping[str, int]]]) -> str | None:
+    """A sentence when Direct-SFT trained fewer supervised steps than DLR-SFT's model did in all (then a
+    DLR-SFT > Direct-SFT row says as much about the budget as about the latents), else None."""
+    direct, dlr = budgets.get("Direct-SFT", {}), budgets.get("DLR-SFT", {})
+    pairs = [(sum(direct[s].values()), sum(dlr[s].values())) for s in direct if s in dlr]
+    if not pairs or all(d >= t for d, t in pairs):
+        return None
+    d, t = pairs[0]
+    return (f"Training budgets differ: Direct-SFT trained {d} steps, DLR-SFT's model {t} in all (it starts from "
+            f"CoT-SFT), so DLR-SFT vs Direct-SFT mixes the latents with the extra training; "
+            f"`--set train.textsft_direct.num_steps={t}` gives Direct-SFT the same number of steps.")
+
+
 def machine() -> str:
     model = cpu_model()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -157,6 +207,8 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
         "summary": summary,
         "reward_curves": reward_curves(root, seeds, [v.name for v in exp.variants if "rl" in v.runs]),
     }
+    results["training_steps"] = {m.label: {str(s): st for s in seeds if (st := training_steps(root, s, m))}
+                                 for m in exp.methods}
     results["gap_closed"] = {b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
                                  if (g := gap_closed(per_seed, b, lab)) is not None} for b in summary}
     results["cost"] = {b: cost(t) for b, t in summary.items()}
@@ -187,14 +239,19 @@ def markdown(results: Mapping[str, Any]) -> str:
         lines += [f"Benchmark `{b}`; Pass@1 mean ± std over training seeds (population std), p = paired t-test "
                   f"vs {full} over seeds.", "",
                   "| method | seeds | Pass@1 (%) | per seed (%) | #L | generated tokens / question | "
-                  "wall ms / question (warm) | p vs " + full + " |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "wall ms / question (warm) | p vs " + full + " | training steps |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        budgets = results.get("training_steps", {})
         for label, row in table.items():
             per = ", ".join(f"{100 * v:.1f}" for v in row["pass_at_1"]["per_seed"])
             wall = row.get("warm_wall_s_per_question") or row.get("wall_s_per_question")
+            seen = {budget_text(st) for sd, st in budgets.get(label, {}).items() if int(sd) in row["seeds"]}
+            steps = next(iter(seen)) if len(seen) == 1 else ("differ by seed" if seen else "—")
             lines.append(f"| {label} | {len(row['seeds'])} | {_pm(row['pass_at_1'], 100)} | {per} | "
                          f"{_pm(row.get('L'), 1, 2)} | {_pm(row.get('gen_tokens'))} | {_pm(wall, 1000, 2)} | "
-                         f"{_p(row.get('p_vs_full'))} |")
+                         f"{_p(row.get('p_vs_full'))} | {steps} |")
+        if warning := budget_warning(budgets):
+            lines += ["", warning]
         gaps = results.get("gap_closed", {}).get(b, {})
         if gaps:
             lines += ["", "Share of the Direct-SFT → CoT-SFT gap closed (per seed, then mean ± std): " + "; ".join(
