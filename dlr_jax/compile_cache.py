@@ -1,13 +1,13 @@
 """XLA's persistent compilation cache for the command-line entry points (train, evaluate).
 
-Why: on a GPU the first GRPO step compiles its rollout, scoring and update for over a minute even on a
-5M-parameter Llama (68-78 s on an H200, BENCHMARKS.md `grpo_peers_gpu`), and every process pays it
+Why: on a GPU the first GRPO step (its rollout, scoring and update compiled, then run) took 68 s even on a
+5M-parameter Llama (an H200, BENCHMARKS.md `grpo_peers_gpu`), and every process pays it
 again: each stage, each evaluation, each restart after preemption. With the cache a rerun of the same
 shapes loads the executables from disk instead.
 
 Where, in order:
-- `DLR_COMPILE_CACHE=off`: no cache.
 - `JAX_COMPILATION_CACHE_DIR` (JAX's own variable) set: JAX uses it; nothing changes here.
+- `DLR_COMPILE_CACHE=off`: no cache (of ours).
 - `DLR_COMPILE_CACHE=/some/folder`: that folder, on every backend.
 - otherwise on GPU and TPU: `$XDG_CACHE_HOME/dlr_jax/xla` (default `~/.cache/dlr_jax/xla`); on CPU none,
   so test and CI runs stay hermetic (and XLA:CPU compiles of the tiny config take seconds).

@@ -548,10 +548,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             Path(a.out).write_text(json.dumps(agg, indent=2) + "\n")
         print(format_aggregate(agg), flush=True)
         return agg
-    maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
-    enable_compile_cache()
     if not a.workdir:
         parser.error("--workdir is required (or --aggregate W1 W2 ...)")
+    maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
+    enable_compile_cache()
     results = evaluate(
         a.workdir, a.stage,
         benchmarks=None if a.benchmarks is None else [b for b in a.benchmarks.split(",") if b],

@@ -44,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
     ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
     ap.add_argument("--allow-load", action="store_true",
-                    help=f"write ratios even when the load average exceeded {MAX_LOAD} while measuring")
+                    help=f"write ratios even when the load average exceeded {MAX_LOAD} (per 2 usable cores) "
+                         "while measuring")
     sections = {"train": train, "codebook": codebook, "rl": rl, "render_cache": render_cache, "grpo_peers": grpo_peers,
                 "latent_cost": latent_cost}
     for mod in sections.values():

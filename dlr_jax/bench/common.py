@@ -179,7 +179,13 @@ def write_section(path: Path, name: str, body: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # Machine load: a ratio between two programs measured on a busy machine measures thread contention.
 
-MAX_LOAD = 1.5  # 1-minute load average above which a benchmark writes no ratio (unless --allow-load)
+MAX_LOAD = 1.5  # 1-minute load average above which a benchmark writes no ratio on 2 cores (unless --allow-load)
+
+
+def load_limit() -> float:
+    """MAX_LOAD on the 2-core host, scaled with the usable cores elsewhere (0.75 runnable tasks per core):
+    a load of 4 is a busy 2-core machine but a quiet 16-core GPU host."""
+    return MAX_LOAD * max(1.0, cpu_threads() / 2)
 
 
 def load_average() -> float:
@@ -190,9 +196,10 @@ def load_average() -> float:
 def ratio_refusal(loads: list[float], allow_load: bool) -> str | None:
     """Why a ratio must not be written (the highest of `loads` — load averages taken while no benchmark
     work ran, e.g. at the start — was above MAX_LOAD and --allow-load was not given), or None when it may."""
-    top = max(loads, default=0.0)
-    if top <= MAX_LOAD or allow_load:
+    top, limit = max(loads, default=0.0), load_limit()
+    if top <= limit or allow_load:
         return None
-    return (f"not written: the load average was {top:.2f} (> {MAX_LOAD}) with no benchmark work running, so the "
+    return (f"not written: the load average was {top:.2f} (> {limit:g} on {cpu_threads()} cores) with no benchmark "
+            "work running, so the "
             "ratio would measure contention for the CPU; rerun on an idle machine, or pass --allow-load to write "
             "it anyway")

@@ -86,7 +86,9 @@ def worker_env(device: str) -> dict[str, str]:
     by default each would claim 75 % of its memory at start) and multiplies fp32 matrices in full fp32
     as PyTorch does by default (JAX's default on a GPU is TF32). On a CPU: JAX stays on the CPU."""
     if device == "gpu":
-        return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_DEFAULT_MATMUL_PRECISION": "float32"}
+        # JAX_PLATFORMS=cuda: a worker that cannot reach the GPU fails instead of timing the CPU under a GPU title
+        return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_DEFAULT_MATMUL_PRECISION": "float32",
+                "JAX_PLATFORMS": "cuda"}
     return {"JAX_PLATFORMS": "cpu"}
 
 
@@ -230,7 +232,8 @@ def render_section(res: PeersResult, command: str, info: dict[str, str], *, allo
                 ratio = "n/a"
             else:
                 ratio = refusal and "(not written)" or f"**{s.med() / ours.med():.2f}x**"
-            lines.append(f"| {mu} | {fw} | {s.med():.2f} | " + " | ".join(f"{s.med(p):.2f}" for p in PHASES)
+            d = 3 if on_gpu else 2  # GPU steps take tens of milliseconds
+            lines.append(f"| {mu} | {fw} | {s.med():.{d}f} | " + " | ".join(f"{s.med(p):.{d}f}" for p in PHASES)
                          + f" | {ratio} | {s.steps[0]['total']:.1f} |")
     lines.append("")
     if refusal:

@@ -52,6 +52,7 @@ class PhaseClock:
                 return inner(*args, **kwargs)
             if marks_scoring:
                 self.scoring = True
+            self.sync()  # work queued before the phase is not the phase's
             t = time.perf_counter()
             try:
                 return inner(*args, **kwargs)

@@ -82,13 +82,14 @@ def budget_warning(budgets: Mapping[str, Mapping[str, Mapping[str, int]]]) -> st
     """A sentence when Direct-SFT trained fewer supervised steps than DLR-SFT's model did in all (then a
     DLR-SFT > Direct-SFT row says as much about the budget as about the latents), else None."""
     direct, dlr = budgets.get("Direct-SFT", {}), budgets.get("DLR-SFT", {})
-    pairs = [(sum(direct[s].values()), sum(dlr[s].values())) for s in direct if s in dlr]
-    if not pairs or all(d >= t for d, t in pairs):
+    short = [(d, t) for s in direct if s in dlr and (d := sum(direct[s].values())) < (t := sum(dlr[s].values()))]
+    if not short:
         return None
-    d, t = pairs[0]
+    d, t = short[0]
     return (f"Training budgets differ: Direct-SFT trained {d} steps, DLR-SFT's model {t} in all (it starts from "
             f"CoT-SFT), so DLR-SFT vs Direct-SFT mixes the latents with the extra training; "
-            f"`--set train.textsft_direct.num_steps={t}` gives Direct-SFT the same number of steps.")
+            f"`--set train.textsft_direct.num_steps={t}` gives Direct-SFT the same number of steps (with "
+            "`--set train.textsft_direct.num_epochs=0` where the config trains by epochs).")
 
 
 def machine() -> str:

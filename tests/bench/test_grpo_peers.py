@@ -66,7 +66,8 @@ def _result(loads):
     return grpo_peers.PeersResult(workload, sides, loads)
 
 
-def test_report_writes_ratios_only_on_an_idle_machine(tmp_path):
+def test_report_writes_ratios_only_on_an_idle_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "cpu_threads", lambda: 2)  # the 2-core host the 1.5 limit is sized for
     info = {"cpu": "cpu", "cores": "2", "load": "0.1", "versions": "v", "date": "today"}
     idle = grpo_peers.render_section(_result([0.2, 0.4]), "cmd", info)
     assert "| 4 | dlr_jax | 1.00 | 0.50 | 0.12 | 0.00 | 0.38 | — | 9.0 |" in idle
@@ -78,6 +79,11 @@ def test_report_writes_ratios_only_on_an_idle_machine(tmp_path):
     busy = grpo_peers.render_section(_result([3.0, 2.0]), "cmd", info)
     assert "**4.00x**" not in busy and "(not written)" in busy and "load average was 3.00" in busy
     assert "**4.00x**" in grpo_peers.render_section(_result([3.0]), "cmd", info, allow_load=True)
+    # the limit scales with the cores: 3.0 is a busy 2-core machine but a quiet 16-core one
+    monkeypatch.setattr(common, "cpu_threads", lambda: 16)
+    assert "**4.00x**" in grpo_peers.render_section(_result([3.0]), "cmd", info)
+    assert "(> 12 on 16 cores)" in grpo_peers.render_section(_result([13.0]), "cmd", info)
+    monkeypatch.setattr(common, "cpu_threads", lambda: 2)
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("# Benchmarks\n\nhand-written\n")
     common.write_section(out, "grpo_peers", idle)
@@ -107,6 +113,7 @@ def test_gpu_runs_get_their_own_section_settings_and_machine_line():
     # two JAX workers share one card, in full fp32 as PyTorch's default; CPU runs keep JAX off any GPU
     gpu = grpo_peers.worker_env("gpu")
     assert gpu["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false" and gpu["JAX_DEFAULT_MATMUL_PRECISION"] == "float32"
+    assert gpu["JAX_PLATFORMS"] == "cuda"  # a JAX worker without the GPU fails rather than timing the CPU
     assert grpo_peers.worker_env("cpu") == {"JAX_PLATFORMS": "cpu"}
     res = _result([0.2])
     res.workload["device"] = "gpu"
@@ -114,6 +121,7 @@ def test_gpu_runs_get_their_own_section_settings_and_machine_line():
     text = grpo_peers.render_section(res, "cmd", info)
     assert text.startswith("## GRPO step on a GPU: dlr_jax vs TRL and tunix")
     assert "GPU: 1 x NVIDIA H200;" in text and "fp32 matmuls (no TF32) on the GPU" in text
+    assert "| 4 | dlr_jax | 1.000 | 0.500 |" in text  # milliseconds show on a GPU
     cpu_text = grpo_peers.render_section(_result([0.2]), "cmd", info | {"gpu": ""})
     assert "GPU:" not in cpu_text and "on the GPU" not in cpu_text
 
