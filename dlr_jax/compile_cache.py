@@ -33,10 +33,11 @@ def default_dir() -> Path:
 def choose_dir(setting: str, backend: str, jax_dir: str) -> str | None:
     """The folder to use (None: no cache, or JAX's own `jax_dir` already set) for `DLR_COMPILE_CACHE`
     value `setting` ("" when unset) on `backend` ("cpu", "gpu", "tpu", ...)."""
-    if setting.strip().lower() == "off" or jax_dir:
+    setting = setting.strip()
+    if setting.lower() == "off" or jax_dir:
         return None
-    if setting.strip():
-        return setting.strip()
+    if setting:
+        return setting
     return str(default_dir()) if backend != "cpu" else None
 
 

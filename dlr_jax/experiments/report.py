@@ -17,6 +17,7 @@ from dlr_jax.experiments.plan import Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
 from dlr_jax.machine import cpu_model
+from dlr_jax.workdir import final_dir, stage_dir, workdir_config
 
 FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")
 
@@ -48,11 +49,11 @@ LINEAGE = {"textsft_direct": ("textsft_direct",), "textsft_cot": ("textsft_cot",
 STEP_NAMES = {"textsft_direct": "Direct-SFT", "textsft_cot": "CoT-SFT", "align": "align", "sft": "SFT", "rl": "GRPO"}
 
 
-def stage_steps(stage_dir: Path) -> int | None:
+def stage_steps(workdir: Path, stage: str) -> int | None:
     """Steps a finished stage trained (optimizer steps; GRPO steps for rl): the last `step` of its
     metrics.jsonl; None while it has no final checkpoint."""
-    f = stage_dir / "metrics.jsonl"
-    if not f.is_file() or not (stage_dir / "final" / "meta.json").is_file():
+    f = stage_dir(workdir, stage) / "metrics.jsonl"
+    if not f.is_file() or not (final_dir(workdir, stage) / "meta.json").is_file():
         return None
     steps = [json.loads(line).get("step") for line in f.read_text().splitlines() if line.strip()]
     steps = [int(x) for x in steps if x is not None]
@@ -61,15 +62,13 @@ def stage_steps(stage_dir: Path) -> int | None:
 
 def training_steps(root: Path, seed: int, m: Method) -> dict[str, int] | None:
     """{stage: steps} of every stage the method's model went through, or None if one is not finished."""
-    import yaml
-
     w = seed_dir(root, seed) / m.variant
     chain = LINEAGE.get(m.stage)
     if chain is None or not (w / "config.yaml").is_file():
         return None
-    if (yaml.safe_load((w / "config.yaml").read_text()) or {}).get("init_from") and len(chain) > 1:
+    if workdir_config(w).init_from and len(chain) > 1:
         chain = chain[1:]  # the latent stages start from the checkpoint, not from CoT-SFT
-    steps = {st: stage_steps(w / st) for st in chain}
+    steps = {st: stage_steps(w, st) for st in chain}
     return None if any(v is None for v in steps.values()) else steps  # type: ignore[return-value]
 
 
