@@ -179,13 +179,6 @@ def test_mean_std_over_sampled_seeds(tok):
     assert not res.metrics["greedy_single_run"] and res.metrics["seeds"] == [0, 1, 2]
 
 
-def test_mean_std_and_batches():
-    m = ev.mean_std([0.5, 0.7])
-    assert m["per_seed"] == [0.5, 0.7] and m["mean"] == pytest.approx(0.6) and m["std"] == pytest.approx(0.1)
-    batches = ev.length_sorted_batches([5, 1, 3, 2, 4], 2)
-    assert [b.tolist() for b in batches] == [[1, 3], [2, 4], [0, 0]]
-
-
 def test_no_recompile_across_batches_of_one_bucket(tok):
     model = BigramLM(scripted_table(tok, n_latents=3))
     sampler = Sampler(model, prompt_bucket=64)
