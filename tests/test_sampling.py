@@ -3,6 +3,8 @@ filters, stop ids, sharded decoding, teacher-forced scoring."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -356,3 +358,19 @@ def test_decode_loop_reads_layer_weights_without_copying_them(model):
     assert not cache_copies(unstacked), cache_copies(unstacked)
     np.testing.assert_array_equal(tokens, scanned_tokens)
     assert Sampler(model).unstack_layers  # the default where the model offers layer_slices
+
+
+def test_cpu_decode_runs_its_matmuls_on_xla_kernels_not_ynnpack(model):
+    """On CPU the sampler compiles with `CPU_SAMPLER_OPTIONS`: the decode loop's skinny matmuls run on
+    XLA's own dot kernels (faster per token than YNNPACK's fusions: BENCHMARKS, sampling), with the
+    same greedy tokens as the compiler's defaults; `compiler_options={}` keeps the defaults."""
+    from dlr_jax.sampling import CPU_SAMPLER_OPTIONS
+
+    prompts = _prompts(6, [5, 9, 12, 7])
+    make = lambda opts: Sampler(model, prompt_bucket=16, max_total_len=MAX_TOTAL, compiler_options=opts)
+    assert make(None).compiler_options == CPU_SAMPLER_OPTIONS  # the default on CPU devices
+    tuned, tokens = _decode_hlo(make(None), prompts)
+    default, default_tokens = _decode_hlo(make({}), prompts)
+    assert "__ynn_fusion" in default  # the control: XLA:CPU's default sends dots to YNNPACK
+    assert "__ynn_fusion" not in tuned and re.search(r"= f32\[[\d,]+\]\{[\d,]+\} dot\(", tuned)
+    np.testing.assert_array_equal(tokens, default_tokens)

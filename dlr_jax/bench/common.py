@@ -49,6 +49,16 @@ class Size:
         matmul = 2 * batch * (self.layers * per_layer + self.hidden * self.vocab)
         return matmul + 4 * batch * self.layers * self.heads * hd * context
 
+    def decode_bytes(self, batch: int, cache_len: int, itemsize: int = 4) -> int:
+        """Bytes one decode step must read at least: every layer weight and the untied head (not the
+        embedding table: one row per token), and the K and V cache of `cache_len` slots (the sampler's
+        fixed-shape cache is read whole)."""
+        hd = self.hidden // self.heads
+        per_layer = self.hidden * hd * (2 * self.heads + 2 * self.kv_heads) + 3 * self.hidden * self.mlp
+        weights = self.layers * per_layer + self.hidden * self.vocab
+        cache = 2 * self.layers * batch * self.kv_heads * cache_len * hd
+        return itemsize * (weights + cache)
+
 
 # medium: the scale of a small real LM's layers (~33M params), still a few minutes on 2 CPU cores.
 SIZES: dict[str, Size] = {

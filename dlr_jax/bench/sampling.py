@@ -44,6 +44,7 @@ class SamplingResult:
     mean_common_prefix: float
     gemm_gflops: float = float("nan")  # XLA fp32 [batch, hidden] @ [hidden, mlp]: the decode step's own shape
     peak_gflops: float = float("nan")  # XLA fp32 1024^3 matmul: what this machine reaches at best
+    stream_gbs: float = float("nan")  # a [batch, K] @ [K, N] matmul over 256 MB of weights, as the sampler compiles it
 
     @property
     def tokens(self) -> int:
@@ -57,6 +58,16 @@ class SamplingResult:
     def step_gflop(self) -> float:
         """One decode step's FLOPs (GFLOP), at the mean cached context of the decode."""
         return self.size.decode_flops(self.batch, self.prompt_len + self.new_tokens / 2) / 1e9
+
+    @property
+    def step_bytes(self) -> int:
+        """Bytes a decode step reads at least (weights and the whole fixed-shape KV cache)."""
+        return self.size.decode_bytes(self.batch, self.prompt_len + self.new_tokens)
+
+    @property
+    def floor_ms(self) -> float:
+        """The decode step if it did nothing but read `step_bytes` at the measured matmul streaming rate."""
+        return self.step_bytes / (self.stream_gbs * 1e6)
 
     @property
     def ours_tps(self) -> float:
@@ -106,6 +117,22 @@ def xla_matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
     dot(a, b).block_until_ready()
     best = min(timed(lambda: dot(a, b).block_until_ready())[0] for _ in range(repeats))
     return 2 * m * k * n / best / 1e9
+
+
+def stream_gbs(batch: int, k: int = 1 << 15, n: int = 2048, repeats: int = 5) -> float:
+    """Best-of-`repeats` rate (GB/s of weights) of one [batch, k] @ [k, n] fp32 matmul whose weight
+    (256 MB at the defaults) is far larger than the caches, compiled with the sampler's CPU options:
+    how fast a decode step's matmuls can stream weights from memory on this machine."""
+    from dlr_jax.sampling import CPU_SAMPLER_OPTIONS
+
+    rng = np.random.default_rng(0)
+    x = jax.device_put(rng.standard_normal((batch, k), np.float32))
+    w = jax.device_put(rng.standard_normal((k, n), np.float32))
+    opts = CPU_SAMPLER_OPTIONS if jax.default_backend() == "cpu" else None
+    dot = jax.jit(lambda a, b: a @ b, compiler_options=opts)
+    dot(x, w).block_until_ready()
+    best = min(timed(lambda: dot(x, w).block_until_ready())[0] for _ in range(repeats))
+    return w.nbytes / best / 1e9
 
 
 def token_agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, int, float]:
@@ -165,7 +192,7 @@ def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tok
     peak = xla_matmul_gflops(1024, 1024, 1024, repeats=5)
     return SamplingResult(size, batch, prompt_len, new_tokens, repeats, threads, ours_s, hf_s, ours_first,
                           hf_first, ours_p, hf_p, param_bytes, copy_bandwidth_gbs(), frac, rows, prefix,
-                          gemm, peak)
+                          gemm, peak, stream_gbs(batch))
 
 
 
@@ -200,6 +227,9 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str]) -> 
         f"| decode step GFLOP/s ({res.step_gflop:.2f} GFLOP a step; XLA fp32 matmul: {res.gemm_gflops:.0f} at "
         f"{res.batch} x {res.size.hidden} @ {res.size.hidden} x {res.size.mlp}, {res.peak_gflops:.0f} at 1024^3) "
         f"| {flops(step_o)} | {flops(step_h)} |",
+        f"| decode step floor ms: {res.step_bytes / 1e6:.0f} MB read a step (layer weights, head, a KV cache of "
+        f"{res.prompt_len + res.new_tokens} slots) at {res.stream_gbs:.1f} GB/s (a {res.batch}-row matmul over "
+        f"256 MB of weights) | {res.floor_ms:.1f} | |",
         "",
         f"Speed-up: **{ratio:.2f}x** (target >= 3x). Greedy tokens identical at "
         f"{100 * res.identical_frac:.1f}% of positions; {res.identical_rows}/{res.batch} rows identical "
@@ -221,15 +251,24 @@ def interpret_sampling(res: SamplingResult) -> str:
     verdict = "meets" if ratio >= 3 else "misses"
     step = f"{step_h / step_o:.1f}x" if step_o > 0 else "n/a"
     streamed = res.param_bytes / (step_o * 1e6) if step_o > 0 else 0.0
-    if streamed > 0.5 * res.copy_gbs:
+    rate = res.step_bytes / (step_o * 1e6) if step_o > 0 else 0.0
+    if not math.isnan(res.stream_gbs) and rate > 0.8 * res.stream_gbs:
+        limits = (f"our decode step reads its {res.step_bytes / 1e6:.0f} MB at {rate:.1f} GB/s, near the "
+                  f"{res.stream_gbs:.1f} GB/s at which a {res.batch}-row matmul streams weights here, so it is "
+                  "memory-bound; only fewer bytes (bf16 weights, a cache read up to its filled length) would "
+                  "make it faster.")
+    elif streamed > 0.5 * res.copy_gbs:
         limits = (f"our decode step reads the weights at {streamed:.1f} GB/s, near the host's "
                   f"{res.copy_gbs:.1f} GB/s copy bandwidth, so it is memory-bound; only smaller weights "
                   "(bf16) would make it faster.")
     else:
         limits = (f"our decode step moves the weights at only {streamed:.1f} GB/s of the host's "
-                  f"{res.copy_gbs:.1f} GB/s copy bandwidth, so it is not memory-bound: per-step work beyond the "
-                  "matmuls and CPU time taken by other processes on these 2 shared cores (see the spread of "
-                  "the repeats) dominate.")
+                  f"{res.copy_gbs:.1f} GB/s copy bandwidth"
+                  + (f" ({rate:.1f} GB/s with the KV cache, against the {res.stream_gbs:.1f} GB/s a "
+                     f"{res.batch}-row matmul streams)" if rate > 0 and not math.isnan(res.stream_gbs) else "")
+                  + ": per-step work beyond streaming the weights (attention over the whole cache, "
+                  "softmax, cache writes, norms) and CPU time taken by other processes on these 2 shared "
+                  "cores (see the spread of the repeats) make up the rest.")
     need_ms = step_h / 3
     if step_o > 0 and not math.isnan(res.gemm_gflops):  # the roofline was measured
         need = res.step_gflop / (need_ms / 1e3)
@@ -241,9 +280,16 @@ def interpret_sampling(res: SamplingResult) -> str:
                    f"({res.gemm_gflops:.0f}) and {need / res.peak_gflops:.1f}x its best at 1024^3 "
                    f"({res.peak_gflops:.0f})" + (" -- out of reach on this machine at fp32 for any sampler."
                                                  if need > res.peak_gflops else "."))
+    if step_o > 0 and not math.isnan(res.stream_gbs):
+        limits += (f" Memory: a step reads at least {res.step_bytes / 1e6:.0f} MB (weights and the KV cache); at the "
+                   f"{res.stream_gbs:.1f} GB/s a {res.batch}-row matmul streams weights on this machine no step is "
+                   f"faster than {res.floor_ms:.1f} ms, so at most {step_h / res.floor_ms:.1f}x transformers' step "
+                   f"is reachable here at fp32 (ours is {res.floor_ms / step_o:.2f} of the way: {step_o:.1f} ms)"
+                   + (f"; the 3x step ({need_ms:.1f} ms) is below that floor." if need_ms < res.floor_ms else "."))
     if step_o > 0 and step_h >= step_o:
         where = (f"The gain is in the decode step ({step} faster: the whole loop is one XLA `while_loop` with "
-                 "the KV cache updated in place, against per-op PyTorch dispatch and a growing cache per step)")
+                 "the KV cache updated in place and the matmuls on XLA's own CPU kernels, against per-op PyTorch "
+                 "dispatch and a growing cache per step)")
     else:
         where = (f"Our decode step is the slower one ({step} of transformers' speed: inside the layer scan "
                  "XLA:CPU copies each layer's weights out of the stacked arrays every step before the matmuls "

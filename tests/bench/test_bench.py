@@ -150,6 +150,18 @@ def test_render_sampling_has_the_table_and_verdict(sampling_result):
     need = sampling_result.step_gflop / ((1e3 * 1.7 / 4) / 3 / 1e3)  # transformers' step 1.7 s / 4 steps, / 3
     text = sampling_bench.render_sampling(timed_res, "python -m dlr_jax.bench", info)
     assert "A 3x decode step" in text and f"needs {need:.0f} GFLOP/s" in text
+    # ... and the memory floor: the bytes a step must read at the measured streaming rate.
+    assert sampling_result.stream_gbs > 0 and "| decode step floor ms" in text
+    assert f"no step is faster than {timed_res.floor_ms:.1f} ms" in text
+
+
+def test_decode_bytes_count_the_weights_read_per_step_and_the_whole_cache():
+    # medium, by hand: layer weights (as in the FLOP count) + the head, and K and V for 8 layers x
+    # 16 rows x 4 KV heads x 192 slots x head_dim 64; fp32.
+    size = common.SIZES["medium"]
+    weights = 8 * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1536) + 512 * 8192
+    cache = 2 * 8 * 16 * 4 * 192 * 64
+    assert size.decode_bytes(16, 192) == 4 * (weights + cache)
 
 
 def test_decode_flops_count_every_matmul_and_the_attention():
