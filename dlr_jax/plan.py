@@ -105,8 +105,9 @@ def _batch_sds(mesh: Mesh, rules: str, accum: int, micro: int, fields: dict[str,
 def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     """The Trainer's step for align / sft / rl (`trainer.build_step_fn`), abstractly."""
     from dlr_jax.models.latent_lm import filter_for_stage
+    from dlr_jax.optimizer import make_optimizer, opt_state_shardings
     from dlr_jax.stages.common import lm_loss
-    from dlr_jax.trainer import build_step_fn, make_optimizer, opt_state_shardings
+    from dlr_jax.trainer import build_step_fn
 
     rules = cfg.mesh.rules
     model, lat = latent_lm_abstract(cfg)
@@ -238,8 +239,9 @@ def codebook_program(cfg: Config, mesh: Mesh) -> Program:
     import functools
 
     from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
+    from dlr_jax.optimizer import make_optimizer, opt_state_shardings
     from dlr_jax.stages.codebook import codebook_loss
-    from dlr_jax.trainer import build_step_fn, make_optimizer, opt_state_shardings
+    from dlr_jax.trainer import build_step_fn
 
     rules, cb = cfg.mesh.rules, cfg.codebook
     mcfg = CodebookModelConfig.from_config(cfg)

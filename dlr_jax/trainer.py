@@ -16,7 +16,6 @@ too and are divided by the total weight for logging.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -34,6 +33,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dlr_jax import preemption
 from dlr_jax.config import TrainConfig
+from dlr_jax.metrics_log import MetricsWriter, jsonable, parse_profile, profile_window_problem, progress
+from dlr_jax.optimizer import make_optimizer, opt_state_shardings
 from dlr_jax.preflight import check_train_config
 from dlr_jax.sharding import logical_to_spec, make_mesh, use_mesh
 
@@ -50,68 +51,6 @@ class TrainResult:
     step: int
     preempted: bool
     history: list[dict[str, float]]
-
-
-def _key_name(k: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def clip_by_group_global_norm(max_norm: float, group_of: Callable[[tuple[str, ...]], str]
-                              ) -> optax.GradientTransformation:
-    """`optax.clip_by_global_norm` applied to each group of parameters on its own: `group_of(path)`
-    names the group of a leaf from its tree path. Two models trained in one state (e.g. the latent
-    LM and sft's dual-branch OCR decoder) then cannot shrink each other's steps. Same (empty) state as
-    `clip_by_global_norm`, so checkpoints do not change."""
-
-    def update_fn(updates, state, params=None):
-        del params
-        flat, treedef = jax.tree_util.tree_flatten_with_path(updates)
-        groups = [group_of(tuple(_key_name(k) for k in path)) for path, _ in flat]
-        scale = {}
-        for g in set(groups):
-            norm = optax.global_norm([leaf for (_, leaf), h in zip(flat, groups, strict=True) if h == g])
-            scale[g] = jnp.where(norm < max_norm, 1.0, max_norm / norm)
-        leaves = [(leaf * scale[g]).astype(leaf.dtype) for (_, leaf), g in zip(flat, groups, strict=True)]
-        return jax.tree_util.tree_unflatten(treedef, leaves), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
-
-
-def make_optimizer(
-    cfg: TrainConfig, num_steps: int | None = None, clip_group: Callable[[tuple[str, ...]], str] | None = None
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW (or SGD) with warmup + cosine after global-norm clipping at cfg.grad_clip; with
-    `clip_group`, the clipping is per group of parameters (`clip_by_group_global_norm`)."""
-    steps = max(1, num_steps or cfg.num_steps)
-    warmup = int(round(cfg.warmup_ratio * steps))
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=cfg.learning_rate,
-        warmup_steps=warmup,
-        decay_steps=max(steps, warmup + 1),
-        end_value=cfg.learning_rate * cfg.min_lr_ratio,
-    )
-
-    # No decay on vectors (norm scales, biases): decaying them toward 0 only hurts.
-    def decay_mask(params):
-        return jax.tree.map(lambda x: x.ndim >= 2, params)
-
-    if cfg.optimizer == "adamw":
-        opt = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay, mask=decay_mask)
-    elif cfg.optimizer == "sgd":
-        opt = optax.sgd(schedule)
-    else:
-        raise ValueError(f"optimizer must be adamw or sgd, got {cfg.optimizer!r}")
-    if cfg.grad_clip <= 0:
-        clip = optax.identity()
-    elif clip_group is not None:
-        clip = clip_by_group_global_norm(cfg.grad_clip, clip_group)
-    else:
-        clip = optax.clip_by_global_norm(cfg.grad_clip)
-    return optax.chain(clip, opt), schedule
 
 
 def batch_hash(batch: Mapping[str, jax.Array]) -> jax.Array:
@@ -186,35 +125,6 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, tx: optax.GradientTra
         return params, opt_state, out
 
     return step_fn
-
-
-def opt_state_shardings(tx: optax.GradientTransformation, params: Any, mesh: Mesh) -> Any:
-    """The sharding of every leaf of `tx.init(params)`: a subtree shaped like `params` (AdamW's mu
-    and nu, any per-parameter state) takes the parameters' shardings leaf by leaf; everything else
-    (step counts, scalars) is replicated. Without this, a jitted `tx.init` leaves the moments
-    replicated on every device (2x the fp32 parameters per device: 64 GB for an 8B model)."""
-    abstract = jax.eval_shape(tx.init, params)
-    p_treedef = jax.tree.structure(params)
-    p_shardings = _shardings(params)
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def is_param_like(x: Any) -> bool:
-        try:
-            return jax.tree.structure(x) == p_treedef
-        except Exception:  # noqa: BLE001 - some optax nodes do not flatten on their own
-            return False
-
-    def sharding_of(sub: Any) -> Any:
-        if is_param_like(sub):
-            same = all(
-                a.shape == b.shape
-                for a, b in zip(jax.tree.leaves(sub), jax.tree.leaves(params), strict=True)
-            )
-            if same:
-                return p_shardings
-        return jax.tree.map(lambda _: replicated, sub)
-
-    return jax.tree.map(sharding_of, abstract, is_leaf=is_param_like)
 
 
 class Trainer:
@@ -351,7 +261,7 @@ class Trainer:
         if jax.tree.leaves(self.rest):  # Orbax refuses empty items (everything trainable)
             items["rest"] = ocp.args.StandardSave(self.rest)
         if data_iter is not None and hasattr(data_iter, "get_state"):
-            items["data"] = ocp.args.JsonSave(_jsonable(data_iter.get_state()))
+            items["data"] = ocp.args.JsonSave(jsonable(data_iter.get_state()))
         self.ckpt.save(self.step, args=ocp.args.Composite(**items), force=force)
 
     def restore(self, data_iter: Any = None, step: int | None = None) -> bool:
@@ -404,11 +314,11 @@ class Trainer:
         # Rows past the restored step were logged by a run that died before its next checkpoint: this
         # run redoes those steps, so they go (metrics.jsonl keeps one row per step).
         writer = MetricsWriter(self.dir, enabled=jax.process_index() == 0, resume_step=self.step)
-        prof = _parse_profile(cfg.profile_steps)
+        prof = parse_profile(cfg.profile_steps)
         if prof and (msg := profile_window_problem(prof, self.step, total)):
             print(f"[{self.name}] warning: {msg}", flush=True)
         tracing = False
-        bar = _progress(bar_total or total, self.step, cfg.progress and jax.process_index() == 0, self.name)
+        bar = progress(bar_total or total, self.step, cfg.progress and jax.process_index() == 0, self.name)
         t_last, w_last = time.perf_counter(), 0.0
         preempted = False
         pending: list[tuple[int, dict[str, jax.Array]]] = []
@@ -475,96 +385,3 @@ class Trainer:
                 bar.close()
                 writer.close()
         return TrainResult(self.finalize(), self.step, preempted, history)
-
-
-def profile_window_problem(prof: tuple[int, int], start: int, total: int) -> str | None:
-    """Why the profile window [a, b) will not be traced in a run from step `start` to `total`, if so."""
-    a, b = prof
-    if a < start:
-        return (f"profile_steps {a}:{b} starts before the resume step {start}: nothing will be traced "
-                f"(choose a window after step {start})")
-    if a >= total:
-        return f"profile_steps {a}:{b} starts at or after the last step {total}: nothing will be traced"
-    if b > total:
-        return f"profile_steps {a}:{b} ends after the last step {total}: the trace stops at step {total}"
-    return None
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, bytes):
-        return {"__bytes__": x.decode("latin-1")}
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
-
-
-def _parse_profile(spec: str) -> tuple[int, int] | None:
-    if not spec:
-        return None
-    a, _, b = spec.partition(":")
-    try:
-        lo, hi = int(a), int(b)
-    except ValueError:
-        raise ValueError(f"profile_steps must look like 'a:b' (e.g. 10:15), got {spec!r}") from None
-    if hi <= lo:
-        raise ValueError(f"profile_steps {spec!r}: end must be after start")
-    return lo, hi
-
-
-def truncate_metrics(path: Path, after_step: int) -> int:
-    """Drops the rows of `path` (metrics.jsonl) whose step is > `after_step`; returns how many. A run
-    that resumes from step s redoes the steps after s, so their old rows would repeat."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    keep = [ln for ln in lines if not ln.strip() or json.loads(ln).get("step", 0) <= after_step]
-    if len(keep) != len(lines):
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)  # atomic: a kill here leaves the old or the new file, never half
-    return len(lines) - len(keep)
-
-
-class MetricsWriter:
-    """`<root>/metrics.jsonl` (one JSON row a step) and TensorBoard events, written by process 0 only."""
-
-    def __init__(self, root: Path, enabled: bool, resume_step: int | None = None):
-        """resume_step: the step this run starts from; later rows in metrics.jsonl are dropped."""
-        self.enabled = enabled
-        if enabled and resume_step is not None:
-            truncate_metrics(root / "metrics.jsonl", resume_step)
-        self.jsonl = open(root / "metrics.jsonl", "a") if enabled else None
-        self.tb = None
-        if enabled:
-            try:
-                from tensorboardX import SummaryWriter
-
-                self.tb = SummaryWriter(str(root / "events"))
-            except ImportError:  # TensorBoard is optional; metrics.jsonl always exists
-                self.tb = None
-
-    def write(self, step: int, metrics: Mapping[str, float]) -> None:
-        if not self.enabled:
-            return
-        self.jsonl.write(json.dumps({"step": step, **{k: v for k, v in metrics.items() if k != "step"}}) + "\n")
-        self.jsonl.flush()
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if k != "step":
-                    self.tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self.jsonl:
-            self.jsonl.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
-def _progress(total: int, initial: int, enabled: bool, name: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not enabled, desc=name, dynamic_ncols=True, mininterval=1.0)

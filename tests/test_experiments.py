@@ -324,7 +324,7 @@ def test_no_align_variant_trains_align_with_zero_updates():
     import jax.numpy as jnp
     import numpy as np
 
-    from dlr_jax.trainer import make_optimizer
+    from dlr_jax.optimizer import make_optimizer
 
     (variant,) = [v for v in experiment("no_align", _tiny()).variants if v.name == "no_align"]
     paper = load_config(ROOT / "configs" / "qwen3-4b.yaml", list(variant.overrides))

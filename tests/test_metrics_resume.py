@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from dlr_jax.trainer import Trainer, profile_window_problem, truncate_metrics
+from dlr_jax.metrics_log import profile_window_problem, truncate_metrics
+from dlr_jax.trainer import Trainer
 from tests.cli_micro import ROOT, child_env, micro_yaml
 from tests.test_trainer import TCFG, dataset, lm_loss, new_model
 

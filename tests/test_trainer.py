@@ -152,23 +152,6 @@ def test_sharded_step_equals_single_device_step(tmp_path):
     assert sh.sharded_fraction(nnx.state(sharded.model, nnx.Param)) > 0.9
 
 
-def test_clip_by_group_global_norm_matches_optax_per_group():
-    import optax
-
-    from dlr_jax.trainer import clip_by_group_global_norm
-
-    g = {"lm": {"w": jnp.array([0.3, 0.4])}, "ocr": {"w": jnp.array([3.0, 4.0]), "b": jnp.array([12.0])}}
-    tx = clip_by_group_global_norm(1.0, lambda path: path[0])
-    out, _ = tx.update(g, tx.init(g))
-    np.testing.assert_allclose(out["lm"]["w"], [0.3, 0.4])  # norm 0.5 < 1: untouched
-    for part in ("lm", "ocr"):  # the peer: optax's own clip, one group at a time
-        ref, _ = optax.clip_by_global_norm(1.0).update(g[part], optax.EmptyState())
-        for k in g[part]:
-            np.testing.assert_allclose(out[part][k], ref[k], rtol=1e-6)
-    whole, _ = optax.clip_by_global_norm(1.0).update(g, optax.EmptyState())
-    assert not np.allclose(whole["lm"]["w"], g["lm"]["w"])  # the control: one global norm shrinks lm too
-
-
 class _TwoParts(nnx.Module):
     def __init__(self):
         self.lm = nnx.Linear(2, 2, rngs=nnx.Rngs(0))

@@ -48,6 +48,7 @@ from dlr_jax.config import Config
 from dlr_jax.data.formats import parse_generation, prompt_ids
 from dlr_jax.data.sources import load_examples
 from dlr_jax.handoff import save_stage_model
+from dlr_jax.metrics_log import MetricsWriter
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler, left_pad
@@ -58,7 +59,7 @@ from dlr_jax.stages.latent_common import load_latent_stage
 from dlr_jax.stages.rl_eval import held_out_evaluator
 from dlr_jax.stages.rl_loss import make_grpo_loss
 from dlr_jax.stages.rl_models import extra_reward_weights, load_evaluator
-from dlr_jax.trainer import MetricsWriter, Trainer, TrainingDiverged
+from dlr_jax.trainer import Trainer, TrainingDiverged
 from dlr_jax.workdir import stage_dir
 
 METRICS = (

@@ -307,7 +307,7 @@ def test_branch_clips_the_ocr_gradients_apart_from_the_lm(setup, trained, monkey
     seen = {}
 
     from dlr_jax import trainer as trainer_mod
-    from dlr_jax.trainer import _key_name
+    from dlr_jax.optimizer import key_name
 
     class Recording(trainer_mod.Trainer):
         def __init__(self, model, loss, tcfg, workdir, **kw):
@@ -323,6 +323,6 @@ def test_branch_clips_the_ocr_gradients_apart_from_the_lm(setup, trained, monkey
     params = nnx.state(seen["model"], seen["trainable"])
     paths = lambda tree: [p for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]  # noqa: E731
     ocr = {jax.tree_util.keystr(p) for p in paths(nnx.state(seen["model"], OCR_PARAMS))}
-    labels = {jax.tree_util.keystr(p): group(tuple(_key_name(k) for k in p)) for p in paths(params)}
+    labels = {jax.tree_util.keystr(p): group(tuple(key_name(k) for k in p)) for p in paths(params)}
     assert ocr and {k for k, g in labels.items() if g == "ocr"} == ocr
     assert any(g == "lm" for g in labels.values())
