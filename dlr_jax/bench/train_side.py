@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dlr_jax.bench import common, train
+from dlr_jax.bench import common, op_profile, train
 from dlr_jax.bench import peer_protocol as protocol
 from dlr_jax.bench.train import FWD, PROFILE, TRAIN
 
@@ -40,8 +40,8 @@ def build_ours(root: Path, spec: dict[str, Any], batch: dict[str, np.ndarray]) -
 
     def profile(full: bool) -> dict[str, Any]:
         flops, compile_s, hlo = train.step_flops(trainer, batch, compile=full)
-        kinds, top = train.op_breakdown(lambda: trainer.train_step(batch)) if full else ({}, [])
-        names = train.hlo_op_names(hlo)
+        kinds, top = op_profile.op_breakdown(lambda: trainer.train_step(batch)) if full else ({}, [])
+        names = op_profile.hlo_op_names(hlo)
         return {"flops": flops, "compile_s": compile_s, "kinds": kinds,
                 "top": [(n, sec, *names.get(n, ("?", "?"))) for n, sec in top]}
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import yaml
@@ -51,32 +49,6 @@ def test_demo_model_config_reads_the_model_section(tmp_path):
     bad.write_text("run: {seed: 0}\n")
     with pytest.raises(ValueError, match=r"c\.yaml:1: .*'model:'"):
         bench_train.demo_model_config(bad)
-
-
-# -- profile helpers ------------------------------------------------------------------------------
-
-
-def test_op_kind():
-    assert bench_train.op_kind("ynn_fusion.3") == bench_train.op_kind("dot.12") == "matmuls"
-    assert bench_train.op_kind("copy_bitcast_fusion.8") == "layout copies / transposes"
-    assert bench_train.op_kind("wrapped_broadcast.6") == "broadcasts"
-    assert bench_train.op_kind("add_multiply_fusion") == "elementwise / reductions / other"
-
-
-def test_hlo_op_names_reads_shape_and_metadata():
-    f = jax.jit(lambda x: jnp.tanh(x @ x.T))
-    hlo = f.lower(jnp.ones((8, 4))).compile().as_text()
-    names = bench_train.hlo_op_names(hlo)
-    assert names and all(shape.startswith(("f32[", "(")) for shape, _ in names.values())
-    assert any("tanh" in path for _, path in names.values())
-
-
-def test_op_breakdown_sees_the_matmul():
-    a = jnp.ones((256, 256))
-    f = jax.jit(lambda x: jnp.sin(x @ x))
-    f(a).block_until_ready()
-    kinds, top = bench_train.op_breakdown(lambda: f(a).block_until_ready())
-    assert kinds.get("matmuls", 0) > 0 and top and all(sec >= 0 for _, sec in top)
 
 
 # -- the benchmark ---------------------------------------------------------------------------------
