@@ -244,6 +244,48 @@ def test_report_table_gap_cost_and_plots(tmp_path):
     assert "w/o process reward" in report.markdown(ab)
 
 
+def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(tmp_path, capsys):
+    main = experiment("main", _tiny())
+    acc = {"Direct-SFT": [0.08, 0.10, 0.09], "CoT-SFT": [0.50, 0.46, 0.48], "DLR-SFT": [0.20, 0.22, 0.18],
+           "DLR-Full": [0.30, 0.28, 0.26]}
+    one, a, b = tmp_path / "one", tmp_path / "a", tmp_path / "b"  # a ran seed 0, b seeds 1 and 2
+    for s in range(3):
+        for root in (one, a if s == 0 else b):
+            for m in main.methods:
+                _results(root, s, m, acc[m.label][s], 4.0, 10.0, 0.002)
+            f = root / f"seed{s}/main/rl/metrics.jsonl"
+            f.write_text(json.dumps({"step": 1, "reward": 0.1 * s}) + "\n")
+    kw = dict(command="cmd", config=TINY, overrides=["latent.source=codebook"], steps_done=10, steps_total=10)
+    ref = report.build(main, root=one, seeds=[0, 1, 2], **kw)
+    report.write(report.build(main, root=a, seeds=[0, 1, 2], **kw), a / "main")  # seeds 1, 2 not on machine a
+    other = report.load_merge(a / "main/results.json", main, ["latent.source=codebook"])
+    res = report.build(main, root=b, seeds=[1, 2], merge=[(a / "main/results.json", other)], **kw)
+    assert res["seeds"] == [0, 1, 2] and res["merged_from"][0]["seeds"] == [0]
+    assert res["summary"]["synthetic"]["DLR-SFT"]["p_vs_full"] == pytest.approx(
+        ref["summary"]["synthetic"]["DLR-SFT"]["p_vs_full"])
+    for label in acc:
+        assert res["summary"]["synthetic"][label]["pass_at_1"]["per_seed"] == pytest.approx(acc[label])
+    for label in ("DLR-SFT", "DLR-Full"):
+        assert res["gap_closed"]["synthetic"][label]["per_seed"] == pytest.approx(
+            ref["gap_closed"]["synthetic"][label]["per_seed"])
+    assert sorted(res["reward_curves"]["main"]) == ["0", "1", "2"]
+    assert "Seeds [0] from `" in report.markdown(res) and "| DLR-SFT | 3 | 20.0 ± 1.6 |" in report.markdown(res)
+    # the seeds of this run win over a merged file's; another recipe or experiment is refused
+    again = report.build(main, root=b, seeds=[1, 2], merge=[(Path("x"), ref)], **kw)
+    assert again["merged_from"][0]["seeds"] == [0]
+    with pytest.raises(ValueError, match="one table must hold one recipe"):
+        report.load_merge(a / "main/results.json", main, [])
+    with pytest.raises(ValueError, match="experiment 'main'"):
+        report.load_merge(a / "main/results.json", experiment("no_rl", _tiny()), ["latent.source=codebook"])
+    # the CLI: --seed-ids plans only those seeds; a bad --merge or --seed-ids is an error, not a traceback
+    assert cli_main(["main", "--workdir", str(b), "--seed-ids", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 2 main" in out and "seed 0 main" not in out and "seed 1 main" not in out
+    assert cli_main(["main", "--workdir", str(b), "--seed-ids", "1,1", "--dry-run"]) == 2
+    assert cli_main(["main", "--workdir", str(b), "--merge", str(a / "nope.json"), "--dry-run"]) == 2
+    assert "cannot read it" in capsys.readouterr().err
+
+
 def _trained(w: Path, stage: str, steps: int, *, finished: bool = True) -> None:
     d = w / stage
     (d / "final").mkdir(parents=True, exist_ok=True)

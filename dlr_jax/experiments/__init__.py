@@ -18,7 +18,8 @@ Each stage runs as `python -m dlr_jax.train ...` / `python -m dlr_jax.evaluate .
 a command is skipped once its outputs exist and a stopped stage resumes, so rerunning the same
 command continues where it stopped. `--dry-run` prints every command (and whether it is done).
 The report (results.json, table.md, plots) is rewritten after each seed; `--report-only` rebuilds it
-from what exists.
+from what exists. Seeds can run on several machines: `--seed-ids 1,2` runs only those seeds, and
+`--merge OTHER/NAME/results.json` folds another machine's seeds into this run's table.
 
 Any backbone config works: `--config configs/qwen3-4b.yaml --set init_from=weights/qwen3-4b` is the
 full-scale run (its eval section's benchmarks become the table's benchmarks).
@@ -50,11 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", choices=EXPERIMENTS, help="the experiment")
     p.add_argument("--workdir", required=True, help="root of every workdir of the experiment (W)")
     p.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1 (default 3)")
+    p.add_argument("--seed-ids", type=_ints, metavar="S,S,...",
+                   help="run these training seeds instead of 0..N-1, e.g. 1,2 on a second machine while "
+                        "another runs 0; --merge folds the runs into one table")
     p.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default configs/tiny.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every stage (repeatable), e.g. latent.source=codebook")
     p.add_argument("--k-values", type=_ints, help="K sweep values, e.g. 128,512,2048 (the config's K is added)")
     p.add_argument("--force-stops", type=_ints, default=[2, 4, 6, 8], help="forced-stop n values (2,4,6,8)")
+    p.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
+                   help="fold the seeds of another run of this experiment and recipe into the report "
+                        "(its W/NAME/results.json, e.g. from --seed-ids on another machine; repeatable)")
     p.add_argument("--dry-run", action="store_true", help="print the commands per seed and variant; run nothing")
     p.add_argument("--report-only", action="store_true", help="rewrite results.json / table.md / plots only")
     return p
@@ -68,14 +75,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds < 1:
         print("error: --seeds must be >= 1", file=sys.stderr)
         return 2
+    if args.seed_ids is not None and (not args.seed_ids or min(args.seed_ids) < 0
+                                      or len(set(args.seed_ids)) != len(args.seed_ids)):
+        print(f"error: --seed-ids must name distinct seeds >= 0, got {args.seed_ids}", file=sys.stderr)
+        return 2
     try:
         cfg = load_config(args.config, args.overrides)
         exp = experiment(args.name, cfg, ks=args.k_values, force_stops=args.force_stops)
+        merge = [(Path(f), report.load_merge(Path(f), exp, args.overrides)) for f in args.merge]
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     root = Path(args.workdir)
-    seeds = list(range(args.seeds))
+    seeds = sorted(args.seed_ids) if args.seed_ids is not None else list(range(args.seeds))
     steps = runner.build_steps(exp, root=root, config=args.config, overrides=args.overrides, seeds=seeds)
     given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"]
     command = shlex.join(["python", "-m", "dlr_jax.experiments", *given])  # the command that makes these results
@@ -91,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         res = report.build(exp, root=root, seeds=seeds, command=command, config=args.config,
                            overrides=args.overrides, steps_done=sum(s.is_done() for s in steps),
-                           steps_total=len(steps))
+                           steps_total=len(steps), merge=merge)
         report.write(res, out_dir)
         made = plots.write_plots(res, out_dir)
         print(f"[experiments] wrote {out_dir / 'results.json'}, {out_dir / 'table.md'}"

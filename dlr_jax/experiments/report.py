@@ -186,9 +186,56 @@ def cost(table: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def load_merge(path: Path, exp: Experiment, overrides: Sequence[str]) -> dict[str, Any]:
+    """Another run's results.json of the same experiment and recipe (e.g. `--seed-ids 1,2` on a second
+    machine), checked: a different experiment or `--set` list would mix recipes in one table."""
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--merge {path}: cannot read it as a results.json ({e})") from None
+    if res.get("experiment") != exp.name:
+        raise ValueError(f"--merge {path}: it is experiment {res.get('experiment')!r}, this run is {exp.name!r}")
+    if sorted(res.get("overrides", [])) != sorted(overrides):
+        raise ValueError(f"--merge {path}: its runs used --set {res.get('overrides')}, this one --set "
+                         f"{list(overrides)}; one table must hold one recipe")
+    return res
+
+
+def _fold(per_seed: dict[str, dict[int, Any]], steps: dict[str, dict[str, Any]], curves: dict[str, dict[str, Any]],
+          other: Mapping[str, Any]) -> list[int]:
+    """Adds the seeds `other` has and this run lacks (this run's own results win); returns them."""
+    added: set[int] = set()
+    for m in other.get("methods", []):
+        mine = per_seed.get(m["label"])
+        if mine is None:
+            continue
+        for s, r in m.get("per_seed", {}).items():
+            if r and mine.get(int(s)) is None:
+                mine[int(s)] = r
+                added.add(int(s))
+                if (st := other.get("training_steps", {}).get(m["label"], {}).get(s)) is not None:
+                    steps.setdefault(m["label"], {})[s] = st
+    for v, by_seed in other.get("reward_curves", {}).items():
+        for s, c in by_seed.items():
+            if int(s) in added:
+                curves.setdefault(v, {}).setdefault(s, c)
+    return sorted(added)
+
+
 def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, config: str,
-          overrides: Sequence[str], steps_done: int, steps_total: int) -> dict[str, Any]:
-    per_seed = {m.label: {s: read_method(root, s, m) for s in seeds} for m in exp.methods}
+          overrides: Sequence[str], steps_done: int, steps_total: int,
+          merge: Sequence[tuple[Path, Mapping[str, Any]]] = ()) -> dict[str, Any]:
+    """`merge`: (path, results.json) of runs of other seeds (see load_merge), folded in after this run's."""
+    per_seed: dict[str, dict[int, Any]] = {m.label: {s: read_method(root, s, m) for s in seeds} for m in exp.methods}
+    steps = {m.label: {str(s): st for s in seeds if (st := training_steps(root, s, m))} for m in exp.methods}
+    curves = reward_curves(root, seeds, [v.name for v in exp.variants if "rl" in v.runs])
+    merged = []
+    for path, other in merge:
+        added = _fold(per_seed, steps, curves, other)
+        merged.append({"path": str(path), "seeds": added, "command": other.get("command"),
+                       "machine": other.get("machine"), "date": other.get("date")})
+    seeds = sorted({s for rows in per_seed.values() for s, r in rows.items() if r} | set(seeds))
+    per_seed = {k: {s: v.get(s) for s in seeds} for k, v in per_seed.items()}
     summary = summarise(exp, per_seed, seeds)
     results: dict[str, Any] = {
         "experiment": exp.name, "description": exp.description, "full_method": exp.full,
@@ -205,10 +252,11 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
                      "group": m.group, "x": m.x,
                      "per_seed": {str(s): r for s, r in per_seed[m.label].items() if r}} for m in exp.methods],
         "summary": summary,
-        "reward_curves": reward_curves(root, seeds, [v.name for v in exp.variants if "rl" in v.runs]),
+        "reward_curves": curves,
+        "training_steps": steps,
     }
-    results["training_steps"] = {m.label: {str(s): st for s in seeds if (st := training_steps(root, s, m))}
-                                 for m in exp.methods}
+    if merged:
+        results["merged_from"] = merged
     results["gap_closed"] = {b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
                                  if (g := gap_closed(per_seed, b, lab)) is not None} for b in summary}
     results["cost"] = {b: cost(t) for b, t in summary.items()}
@@ -235,6 +283,8 @@ def markdown(results: Mapping[str, Any]) -> str:
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
              f"Date: {results['date']}; steps done {results['status']['steps_done']} of "
              f"{results['status']['steps_total']}; training seeds {results['seeds']}", ""]
+    for m in results.get("merged_from", []):
+        lines[-1:-1] = [f"Seeds {m['seeds']} from `{m['path']}`: `{m['command']}` on {m['machine']}, {m['date']}  "]
     for b, table in results["summary"].items():
         lines += [f"Benchmark `{b}`; Pass@1 mean ± std over training seeds (population std), p = paired t-test "
                   f"vs {full} over seeds.", "",
