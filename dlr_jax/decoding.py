@@ -23,6 +23,7 @@ from jaxtyping import Array, Bool, Float, Int
 # recompiles). Use it to ban tokens (set -inf) or force one (everything else -inf).
 LogitsProcessor = Callable[..., jax.Array]
 
+
 class DecodeConfig(NamedTuple):
     """Static (hashable) decode settings; a change compiles a new decode variant."""
 

@@ -152,7 +152,7 @@ class Sampler:
         None = on CPU devices, where the model offers `layer_slices` (on GPU and TPU the scan is kept: its
         fusions read the slices, and the extra weight copy would cost device memory; not measured there
         yet). Compile time grows with depth when on.
-        `compiler_options`: XLA options for the prefill and decode compiles; None = `CPU_SAMPLER_OPTIONS`
+        `compiler_options`: XLA options for the prefill, decode and scoring compiles; None = `CPU_SAMPLER_OPTIONS`
         on CPU devices, none elsewhere."""
         if prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {prompt_bucket}")

@@ -251,37 +251,69 @@ def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(
     one, a, b = tmp_path / "one", tmp_path / "a", tmp_path / "b"  # a ran seed 0, b seeds 1 and 2
     for s in range(3):
         for root in (one, a if s == 0 else b):
+            w = root / f"seed{s}/main"
+            w.mkdir(parents=True)
+            (w / "config.yaml").write_text("init_from: null\n")
+            for stage, n in (("textsft_direct", 300 + s), ("textsft_cot", 800), ("align", 100), ("sft", 400),
+                             ("rl", 40)):
+                _trained(w, stage, n)
             for m in main.methods:
                 _results(root, s, m, acc[m.label][s], 4.0, 10.0, 0.002)
-            f = root / f"seed{s}/main/rl/metrics.jsonl"
-            f.write_text(json.dumps({"step": 1, "reward": 0.1 * s}) + "\n")
-    kw = dict(command="cmd", config=TINY, overrides=["latent.source=codebook"], steps_done=10, steps_total=10)
+            (w / "rl/metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.1 * s}) + "\n")
+    cfg = load_config(TINY, ["latent.source=codebook"])
+    recipe = report.recipe_hash(cfg)
+    kw = dict(command="cmd", config=TINY, overrides=["latent.source=codebook"], steps_done=10, steps_total=10,
+              recipe=recipe)
     ref = report.build(main, root=one, seeds=[0, 1, 2], **kw)
-    report.write(report.build(main, root=a, seeds=[0, 1, 2], **kw), a / "main")  # seeds 1, 2 not on machine a
-    other = report.load_merge(a / "main/results.json", main, ["latent.source=codebook"])
+    report.write(report.build(main, root=a, seeds=[0], **kw), a / "main")
+    load = dict(config=TINY, overrides=["latent.source=codebook"], recipe=recipe)
+    other = report.load_merge(a / "main/results.json", main, **load)
     res = report.build(main, root=b, seeds=[1, 2], merge=[(a / "main/results.json", other)], **kw)
     assert res["seeds"] == [0, 1, 2] and res["merged_from"][0]["seeds"] == [0]
-    assert res["summary"]["synthetic"]["DLR-SFT"]["p_vs_full"] == pytest.approx(
-        ref["summary"]["synthetic"]["DLR-SFT"]["p_vs_full"])
     for label in acc:
         assert res["summary"]["synthetic"][label]["pass_at_1"]["per_seed"] == pytest.approx(acc[label])
+        if label != "DLR-Full":
+            assert res["summary"]["synthetic"][label]["p_vs_full"] == pytest.approx(
+                ref["summary"]["synthetic"][label]["p_vs_full"])
     for label in ("DLR-SFT", "DLR-Full"):
         assert res["gap_closed"]["synthetic"][label]["per_seed"] == pytest.approx(
             ref["gap_closed"]["synthetic"][label]["per_seed"])
-    assert sorted(res["reward_curves"]["main"]) == ["0", "1", "2"]
-    assert "Seeds [0] from `" in report.markdown(res) and "| DLR-SFT | 3 | 20.0 ± 1.6 |" in report.markdown(res)
-    # the seeds of this run win over a merged file's; another recipe or experiment is refused
-    again = report.build(main, root=b, seeds=[1, 2], merge=[(Path("x"), ref)], **kw)
+    assert res["training_steps"] == ref["training_steps"] and res["reward_curves"] == ref["reward_curves"]
+    md = report.markdown(res)
+    assert "| DLR-SFT | 3 | 20.0 ± 1.6 |" in md and "| Direct-SFT | 3 |" in md and "| differ by seed |" in md
+    head = md.split("\n\n")[1].split("\n")  # the header paragraph: every line but the last ends in a hard break
+    assert "steps done 10 of 10 on this machine" in head[2] and all(x.endswith("  ") for x in head[:-1])
+    assert head[-1].startswith("Seeds [0] from `") and "(steps done 10 of 10 there)" in head[-1]
+    # this run's own seeds win over a merged file's
+    changed = json.loads(json.dumps(ref))
+    for m in changed["methods"]:
+        for r in m["per_seed"].values():
+            r["synthetic"]["pass_at_1"] = 0.99
+    again = report.build(main, root=b, seeds=[1, 2], merge=[(Path("x"), changed)], **kw)
     assert again["merged_from"][0]["seeds"] == [0]
+    assert again["summary"]["synthetic"]["DLR-SFT"]["pass_at_1"]["per_seed"] == pytest.approx([0.99, 0.22, 0.18])
+    # another recipe (--set list or its order, resolved config) or experiment is refused, and so is junk
     with pytest.raises(ValueError, match="one table must hold one recipe"):
-        report.load_merge(a / "main/results.json", main, [])
+        report.load_merge(a / "main/results.json", main, **{**load, "overrides": []})
+    with pytest.raises(ValueError, match="resolved config"):
+        report.load_merge(a / "main/results.json", main, **{**load, "recipe": report.recipe_hash(
+            load_config(TINY, ["latent.source=codebook", "train.sft.num_steps=7"]))})
     with pytest.raises(ValueError, match="experiment 'main'"):
-        report.load_merge(a / "main/results.json", experiment("no_rl", _tiny()), ["latent.source=codebook"])
-    # the CLI: --seed-ids plans only those seeds; a bad --merge or --seed-ids is an error, not a traceback
+        report.load_merge(a / "main/results.json", experiment("no_rl", _tiny()), **load)
+    old = {k: v for k, v in json.loads((a / "main/results.json").read_text()).items() if k != "recipe"}
+    (tmp_path / "old.json").write_text(json.dumps(old))  # written before "recipe": the config file name decides
+    assert report.load_merge(tmp_path / "old.json", main, **load)["seeds"] == [0]
+    with pytest.raises(ValueError, match="its config is"):
+        report.load_merge(tmp_path / "old.json", main, **{**load, "config": "configs/qwen3-4b.yaml"})
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ValueError, match="not an experiment's results.json"):
+        report.load_merge(tmp_path / "list.json", main, **load)
+    # the CLI: --seed-ids plans only those seeds; bad --seed-ids / --merge are errors, not tracebacks
     assert cli_main(["main", "--workdir", str(b), "--seed-ids", "2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "seed 2 main" in out and "seed 0 main" not in out and "seed 1 main" not in out
     assert cli_main(["main", "--workdir", str(b), "--seed-ids", "1,1", "--dry-run"]) == 2
+    assert cli_main(["main", "--workdir", str(b), "--seed-ids", "1", "--seeds", "2", "--dry-run"]) == 2
     assert cli_main(["main", "--workdir", str(b), "--merge", str(a / "nope.json"), "--dry-run"]) == 2
     assert "cannot read it" in capsys.readouterr().err
 

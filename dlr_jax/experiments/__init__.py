@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=EXPERIMENTS, help="the experiment")
     p.add_argument("--workdir", required=True, help="root of every workdir of the experiment (W)")
-    p.add_argument("--seeds", type=int, default=3, help="training seeds 0..N-1 (default 3)")
+    p.add_argument("--seeds", type=int, help="training seeds 0..N-1 (default 3)")
     p.add_argument("--seed-ids", type=_ints, metavar="S,S,...",
                    help="run these training seeds instead of 0..N-1, e.g. 1,2 on a second machine while "
                         "another runs 0; --merge folds the runs into one table")
@@ -72,7 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dlr_jax.config import ConfigError, load_config
     from dlr_jax.experiments import report, runner
 
-    if args.seeds < 1:
+    if args.seeds is not None and args.seed_ids is not None:
+        print("error: give --seeds N (seeds 0..N-1) or --seed-ids, not both", file=sys.stderr)
+        return 2
+    if args.seeds is not None and args.seeds < 1:
         print("error: --seeds must be >= 1", file=sys.stderr)
         return 2
     if args.seed_ids is not None and (not args.seed_ids or min(args.seed_ids) < 0
@@ -82,12 +85,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         exp = experiment(args.name, cfg, ks=args.k_values, force_stops=args.force_stops)
-        merge = [(Path(f), report.load_merge(Path(f), exp, args.overrides)) for f in args.merge]
+        recipe = report.recipe_hash(cfg)
+
+        def merged() -> list[tuple[Path, dict]]:  # read again for every report: the other machine goes on
+            return [(Path(f), report.load_merge(Path(f), exp, config=args.config, overrides=args.overrides,
+                                                recipe=recipe)) for f in args.merge]
+
+        merged()
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     root = Path(args.workdir)
-    seeds = sorted(args.seed_ids) if args.seed_ids is not None else list(range(args.seeds))
+    seeds = sorted(args.seed_ids) if args.seed_ids is not None else list(range(args.seeds or 3))
     steps = runner.build_steps(exp, root=root, config=args.config, overrides=args.overrides, seeds=seeds)
     given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"]
     command = shlex.join(["python", "-m", "dlr_jax.experiments", *given])  # the command that makes these results
@@ -101,9 +110,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     def write_report(_seed: int | None = None) -> None:
         from dlr_jax.experiments import plots
 
+        try:
+            merge = merged()
+        except ValueError as e:  # a merged file went bad while this run went on: report this run's seeds
+            print(f"[experiments] warning: {e}; the report leaves the merged files out", flush=True)
+            merge = []
         res = report.build(exp, root=root, seeds=seeds, command=command, config=args.config,
                            overrides=args.overrides, steps_done=sum(s.is_done() for s in steps),
-                           steps_total=len(steps), merge=merge)
+                           steps_total=len(steps), merge=merge, recipe=recipe)
         report.write(res, out_dir)
         made = plots.write_plots(res, out_dir)
         print(f"[experiments] wrote {out_dir / 'results.json'}, {out_dir / 'table.md'}"

@@ -6,6 +6,7 @@ cost of latent vs textual reasoning (CoT-SFT vs the DLR rows on the same backbon
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dlr_jax.config import dump_config
 from dlr_jax.experiments.plan import Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
@@ -186,18 +188,34 @@ def cost(table: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def load_merge(path: Path, exp: Experiment, overrides: Sequence[str]) -> dict[str, Any]:
+def recipe_hash(cfg: Any) -> str:
+    """A short hash of the resolved config (file and `--set` list together): equal on two machines
+    exactly when they train the same recipe, whatever path the config was given by."""
+    return hashlib.sha256(dump_config(cfg).encode()).hexdigest()[:16]
+
+
+def load_merge(path: Path, exp: Experiment, *, config: str, overrides: Sequence[str],
+               recipe: str) -> dict[str, Any]:
     """Another run's results.json of the same experiment and recipe (e.g. `--seed-ids 1,2` on a second
-    machine), checked: a different experiment or `--set` list would mix recipes in one table."""
+    machine), checked: a different experiment, config or `--set` list would mix recipes in one table."""
     try:
         res = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"--merge {path}: cannot read it as a results.json ({e})") from None
+    if not isinstance(res, dict) or not isinstance(res.get("methods"), list):
+        raise ValueError(f"--merge {path}: not an experiment's results.json (no 'methods' list)")
     if res.get("experiment") != exp.name:
         raise ValueError(f"--merge {path}: it is experiment {res.get('experiment')!r}, this run is {exp.name!r}")
-    if sorted(res.get("overrides", [])) != sorted(overrides):
+    if list(res.get("overrides", [])) != list(overrides):  # in order: the last --set of a key wins
         raise ValueError(f"--merge {path}: its runs used --set {res.get('overrides')}, this one --set "
                          f"{list(overrides)}; one table must hold one recipe")
+    theirs = res.get("recipe")
+    if theirs is None:  # written before results.json recorded the recipe: the config file's name must match
+        if Path(str(res.get("config"))).name != Path(config).name:
+            raise ValueError(f"--merge {path}: its config is {res.get('config')}, this run's {config}")
+    elif theirs != recipe:
+        raise ValueError(f"--merge {path}: its resolved config ({res.get('config')}, recipe {theirs}) differs "
+                         f"from this run's ({config}, recipe {recipe}); one table must hold one recipe")
     return res
 
 
@@ -224,7 +242,7 @@ def _fold(per_seed: dict[str, dict[int, Any]], steps: dict[str, dict[str, Any]],
 
 def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, config: str,
           overrides: Sequence[str], steps_done: int, steps_total: int,
-          merge: Sequence[tuple[Path, Mapping[str, Any]]] = ()) -> dict[str, Any]:
+          merge: Sequence[tuple[Path, Mapping[str, Any]]] = (), recipe: str | None = None) -> dict[str, Any]:
     """`merge`: (path, results.json) of runs of other seeds (see load_merge), folded in after this run's."""
     per_seed: dict[str, dict[int, Any]] = {m.label: {s: read_method(root, s, m) for s in seeds} for m in exp.methods}
     steps = {m.label: {str(s): st for s in seeds if (st := training_steps(root, s, m))} for m in exp.methods}
@@ -233,14 +251,14 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
     for path, other in merge:
         added = _fold(per_seed, steps, curves, other)
         merged.append({"path": str(path), "seeds": added, "command": other.get("command"),
-                       "machine": other.get("machine"), "date": other.get("date")})
+                       "machine": other.get("machine"), "date": other.get("date"), "status": other.get("status")})
     seeds = sorted({s for rows in per_seed.values() for s, r in rows.items() if r} | set(seeds))
     per_seed = {k: {s: v.get(s) for s in seeds} for k, v in per_seed.items()}
     summary = summarise(exp, per_seed, seeds)
     results: dict[str, Any] = {
         "experiment": exp.name, "description": exp.description, "full_method": exp.full,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(),
-        "command": command, "config": config, "overrides": list(overrides), "seeds": list(seeds),
+        "command": command, "config": config, "overrides": list(overrides), "recipe": recipe, "seeds": list(seeds),
         "status": {"steps_done": steps_done, "steps_total": steps_total},
         "notes": ["pass_at_1 in [0, 1]; std = population std (ddof=0) over training seeds",
                   "p_vs_full: paired t-test of Pass@1 over the seeds both rows have (two-sided)",
@@ -282,9 +300,14 @@ def markdown(results: Mapping[str, Any]) -> str:
     lines = [f"### Experiment `{results['experiment']}`: {results['description']}", "",
              f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
              f"Date: {results['date']}; steps done {results['status']['steps_done']} of "
-             f"{results['status']['steps_total']}; training seeds {results['seeds']}", ""]
-    for m in results.get("merged_from", []):
-        lines[-1:-1] = [f"Seeds {m['seeds']} from `{m['path']}`: `{m['command']}` on {m['machine']}, {m['date']}  "]
+             f"{results['status']['steps_total']}{' on this machine' if results.get('merged_from') else ''}; "
+             f"training seeds {results['seeds']}", ""]
+    for m in results.get("merged_from", []):  # the steps count above is this machine's; each file says its own
+        st = m.get("status") or {}
+        lines[-2] += "  "
+        lines.insert(len(lines) - 1, f"Seeds {m['seeds']} from `{m['path']}` (steps done {st.get('steps_done', '?')} "
+                                     f"of {st.get('steps_total', '?')} there): `{m['command']}` on {m['machine']}, "
+                                     f"{m['date']}")
     for b, table in results["summary"].items():
         lines += [f"Benchmark `{b}`; Pass@1 mean ± std over training seeds (population std), p = paired t-test "
                   f"vs {full} over seeds.", "",
