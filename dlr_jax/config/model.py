@@ -37,6 +37,11 @@ class ModelConfig:
     # host's (models/transformer.py resolve_attention); auto = cuDNN flash attention on GPU for
     # bf16/fp16, the splash kernel on TPU for training / scoring sequences of whole 128-token blocks.
     attention: str = "auto"
+    # auto | scan | loop: how a training / scoring forward runs the stacked layers. scan = one
+    # `lax.scan` (compile time flat in depth); loop = the layers one after another in the program.
+    # auto = loop when compiling for CPU with <= 8 layers (XLA:CPU zero-fills the scan's stacked
+    # residual buffers every step: 7-10 % of a training step; models/transformer.py), scan elsewhere.
+    scan_layers: str = "auto"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
@@ -50,6 +55,8 @@ class ModelConfig:
             )
         if self.remat not in ("none", "full", "dots"):
             raise ConfigError(f"model.remat must be none|full|dots, got {self.remat!r}")
+        if self.scan_layers not in ("auto", "scan", "loop"):
+            raise ConfigError(f"model.scan_layers must be auto|scan|loop, got {self.scan_layers!r}")
         if self.attention not in ("auto", "xla", "cudnn", "splash", "einsum"):
             raise ConfigError(f"model.attention must be auto|xla|cudnn|splash (einsum = xla), got "
                               f"{self.attention!r}")

@@ -2,7 +2,8 @@
 
 Parameters live in NNX `Param`s with logical axis names; layer weights are stacked along a
 leading `layers` dim and the forward pass is a `lax.scan` over them, so compile time does not grow
-with depth (a decode loop instead runs the layers one after another on per-layer buffers: `run_layers`).
+with depth (a decode loop instead runs the layers one after another on per-layer buffers, and so does a
+shallow model compiled for CPU: `run_layers`, `model.scan_layers`).
 All maths is written as pure functions over arrays; the module only owns parameters. Attention, the
 2-D projections and the masks are in models/attention.py.
 
@@ -56,8 +57,8 @@ def _dtype(name: str) -> jnp.dtype:
 
 
 __all__ = ["NEG_INF", "DecoderLayers", "KVCache", "Transformer", "attention", "build_model", "causal_mask",
-           "default_segments_positions", "dense", "layer_forward", "param_count", "resolve_attention", "rms_norm",
-           "run_layers", "segment_positions", "target_platform", "unstack_cache"]
+           "default_segments_positions", "dense", "layer_forward", "loops_layers", "param_count", "resolve_attention",
+           "rms_norm", "run_layers", "segment_positions", "target_platform", "unstack_cache"]
 
 
 def rms_norm(x: Float[Array, "... d"], weight: Float[Array, " d"], eps: float) -> Float[Array, "... d"]:
@@ -192,6 +193,16 @@ def _remat(fn, policy: str):
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
+LOOP_MAX_LAYERS = 8  # `scan_layers: auto` loops over at most this many layers on CPU
+
+
+def loops_layers(cfg: ModelConfig, n_layers: int) -> bool:
+    """Whether a forward without a cache runs the layers one after another (`model.scan_layers`)."""
+    if cfg.scan_layers != "auto":
+        return cfg.scan_layers == "loop"
+    return n_layers <= LOOP_MAX_LAYERS and target_platform() == "cpu"
+
+
 def run_layers(
     cfg: ModelConfig,
     layer_params: dict[str, jax.Array] | Sequence[dict[str, jax.Array]],
@@ -228,6 +239,18 @@ def run_layers(
             y, _ = layer_forward(cfg, p, carry, positions, mask, inv_freq, segment_ids=segment_ids)
             return y, None
 
+        n_layers = jax.tree.leaves(layer_params)[0].shape[0]
+        if loops_layers(cfg, n_layers):
+            # The scan's backward needs each layer's residuals stacked [layers, ...], and XLA:CPU
+            # zero-fills those buffers every step before writing them (`wrapped_broadcast`); a loop keeps
+            # them as separate arrays. Measured: a tiny.yaml SFT gradient 1.11x faster, 8 x d512 1.07x.
+            # `lax.split`, not n slices: its gradient is one concatenate, a slice's a pad per layer.
+            leaves, tree = jax.tree.flatten(layer_params)
+            pieces = [jax.lax.split(a, [1] * n_layers) for a in leaves]
+            layer = _remat(body, cfg.remat)
+            for i in range(n_layers):
+                x, _ = layer(x, tree.unflatten([p[i][0] for p in pieces]))
+            return x, None
         x, _ = jax.lax.scan(_remat(body, cfg.remat), x, layer_params)
         return x, None
 

@@ -189,3 +189,31 @@ def test_cached_decode_step_neither_transposes_nor_copies_the_cache():
     moved = [(name, shape) for name, shape in re.findall(r"%((?:copy|transpose)[\w.-]*) = f32\[([\d,]+)\]", hlo)
              if np.prod([int(d) for d in shape.split(",")]) >= layer_cache]
     assert not moved, f"cache-sized copies in a decode step: {moved}"
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_layer_loop_gives_the_scan_s_loss_and_gradients_without_a_while_loop(remat, monkeypatch):
+    """`scan_layers`: a shallow model compiled for CPU runs its layers as a loop (XLA:CPU zero-fills the
+    scan's stacked residuals every step); same loss and gradients, no `while` in the compiled step."""
+    from dlr_jax.models import transformer
+
+    ids = _ids(4, 16, seed=5)
+
+    def grad_fn(mode):
+        g, st = nnx.split(Transformer(dataclasses.replace(CFG, scan_layers=mode, remat=remat), rngs=nnx.Rngs(0)))
+        f = jax.jit(jax.value_and_grad(lambda s: jnp.mean(nnx.merge(g, s)(ids) ** 2)))
+        return f(st), f.lower(st).compile().as_text()
+
+    (scan_loss, scan_grads), scan_hlo = grad_fn("scan")
+    (loop_loss, loop_grads), loop_hlo = grad_fn("loop")
+    np.testing.assert_allclose(loop_loss, scan_loss, rtol=1e-6)
+    chex.assert_trees_all_close(loop_grads, scan_grads, atol=1e-6, rtol=1e-5)
+    assert " while(" in scan_hlo and " while(" not in loop_hlo
+    # auto: the loop on CPU up to LOOP_MAX_LAYERS layers; the scan for deeper models and other targets
+    auto = dataclasses.replace(CFG, scan_layers="auto")
+    assert transformer.loops_layers(auto, 2) and not transformer.loops_layers(auto, transformer.LOOP_MAX_LAYERS + 1)
+    monkeypatch.setattr(transformer, "target_platform", lambda: "gpu")
+    assert not transformer.loops_layers(auto, 2)
+    assert transformer.loops_layers(dataclasses.replace(CFG, scan_layers="loop"), 2)
+    with pytest.raises(Exception, match="scan_layers"):
+        dataclasses.replace(CFG, scan_layers="unroll")
