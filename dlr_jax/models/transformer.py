@@ -58,7 +58,7 @@ def _dtype(name: str) -> jnp.dtype:
 
 __all__ = ["NEG_INF", "DecoderLayers", "KVCache", "Transformer", "attention", "build_model", "causal_mask",
            "default_segments_positions", "dense", "layer_forward", "loops_layers", "param_count", "resolve_attention",
-           "rms_norm", "run_layers", "segment_positions", "target_platform", "unstack_cache"]
+           "rms_norm", "run_layers", "segment_positions", "split_layers", "target_platform", "unstack_cache"]
 
 
 def rms_norm(x: Float[Array, "... d"], weight: Float[Array, " d"], eps: float) -> Float[Array, "... d"]:
@@ -203,6 +203,14 @@ def loops_layers(cfg: ModelConfig, n_layers: int) -> bool:
     return n_layers <= LOOP_MAX_LAYERS and target_platform() == "cpu"
 
 
+def split_layers(stacked: Any, n_layers: int) -> list[Any]:
+    """The stacked [layers, ...] weight tree as one tree per layer. `lax.split`, not n slices: its
+    gradient is one concatenate, where a slice's is a zero-padded full-size buffer per layer."""
+    leaves, tree = jax.tree.flatten(stacked)
+    pieces = [jax.lax.split(a, [1] * n_layers) for a in leaves]
+    return [tree.unflatten([p[i][0] for p in pieces]) for i in range(n_layers)]
+
+
 def run_layers(
     cfg: ModelConfig,
     layer_params: dict[str, jax.Array] | Sequence[dict[str, jax.Array]],
@@ -243,13 +251,11 @@ def run_layers(
         if loops_layers(cfg, n_layers):
             # The scan's backward needs each layer's residuals stacked [layers, ...], and XLA:CPU
             # zero-fills those buffers every step before writing them (`wrapped_broadcast`); a loop keeps
-            # them as separate arrays. Measured: a tiny.yaml SFT gradient 1.11x faster, 8 x d512 1.07x.
-            # `lax.split`, not n slices: its gradient is one concatenate, a slice's a pad per layer.
-            leaves, tree = jax.tree.flatten(layer_params)
-            pieces = [jax.lax.split(a, [1] * n_layers) for a in leaves]
+            # them as separate arrays. Measured: a tiny.yaml SFT gradient 1.19x faster, 8 x d512 1.11x
+            # (the codebook's ViT, 3 blocks in models/vision.py, gained nothing: it keeps its scan).
             layer = _remat(body, cfg.remat)
-            for i in range(n_layers):
-                x, _ = layer(x, tree.unflatten([p[i][0] for p in pieces]))
+            for p in split_layers(layer_params, n_layers):
+                x, _ = layer(x, p)
             return x, None
         x, _ = jax.lax.scan(_remat(body, cfg.remat), x, layer_params)
         return x, None
