@@ -129,7 +129,7 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
 
 # ModelConfig fields that describe how a run computes, not the architecture: with `init_from` they come
 # from the YAML model section (the recipe's bf16 compute, remat), everything else from config.json.
-RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention")
+RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 
 
 def backbone_config(cfg: Config, tok: Tokenizer) -> ModelConfig:

@@ -65,8 +65,8 @@ def test_config_fields_per_family(hf_dirs, imported):
     assert dict(llama.rope_scaling) == LLAMA3_ROPE
     qwen2 = convert.model_config_from_hf(hf_dirs["qwen2"][0])
     assert qwen2.attention_bias and not qwen2.qk_norm and not qwen2.tie_embeddings
-    qwen3 = convert.model_config_from_hf(hf_dirs["qwen3"][0] / "config.json", remat="full")
-    assert qwen3.qk_norm and qwen3.head_dim == 32 and qwen3.remat == "full"
+    qwen3 = convert.model_config_from_hf(hf_dirs["qwen3"][0] / "config.json", remat="full", scan_layers="scan")
+    assert qwen3.qk_norm and qwen3.head_dim == 32 and qwen3.remat == "full" and qwen3.scan_layers == "scan"
     vl = convert.model_config_from_hf(hf_dirs["qwen3_vl"][0])
     assert vl.qk_norm and vl.rope_theta == 5e6 and vl.rope_scaling is None and vl.num_layers == 2
 
