@@ -43,7 +43,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -61,6 +60,7 @@ from dlr_jax.data.sources import load_examples
 from dlr_jax.eval_stats import STD_NOTE, format_table, length_sorted_batches, mean_std, summarise
 from dlr_jax.handoff import load_stage_model
 from dlr_jax.latent_grammar import eval_vocab_mask, latent_phase_processor, latent_processor_aux
+from dlr_jax.machine import git_commit
 from dlr_jax.rewards import KNOWN_BENCHMARKS, extract_answer, format_reward, is_correct
 from dlr_jax.sampling import Sampler
 from dlr_jax.sharding import maybe_initialize_distributed, mesh_from_config
@@ -347,21 +347,6 @@ def run_benchmarks(
             for s in all_samples:
                 f.write(json.dumps(s) + "\n")
     return results
-
-
-def git_commit() -> str | None:
-    """HEAD of the checkout holding dlr_jax (with `-dirty` if it has local changes), or None."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
-        return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 # ----------------------------------------------------------------------------------------------
