@@ -17,7 +17,16 @@ import pytest
 from dlr_jax.config import load_config
 from dlr_jax.experiments import main as cli_main
 from dlr_jax.experiments import plots, report, runner
-from dlr_jax.experiments.plan import Method, Step, experiment, half_font_overrides, k_values
+from dlr_jax.experiments.plan import (
+    MATCHED_COT,
+    MATCHED_DIRECT,
+    Method,
+    Step,
+    experiment,
+    half_font_overrides,
+    k_values,
+    matched_budget,
+)
 from dlr_jax.experiments.stats import betainc, paired_t_test, t_two_sided_p
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +115,44 @@ def test_half_font_and_k_values_follow_the_config():
     assert k_values(tiny, [64, 256]) == (64, 256, 512)  # the config's K is always a point
 
 
+def test_matched_baselines_train_the_text_sfts_on_dlr_sft_s_budget(tmp_path):
+    # tiny: DLR-SFT's model trained 800 CoT-SFT + 100 align + 400 SFT steps of 32 examples
+    exp = experiment("main", _tiny(), matched=True)
+    assert [m.label for m in exp.methods] == ["Direct-SFT", "CoT-SFT", MATCHED_DIRECT, MATCHED_COT, "DLR-SFT",
+                                              "DLR-Full"]
+    v = exp.variants[1]
+    assert (v.name, v.runs, v.reuse, v.link_tokenizer, v.textsft_mode) == ("matched", ("textsft",), (), True, "both")
+    assert v.overrides == ("train.textsft.num_steps=1300", "train.textsft.num_epochs=0",
+                           "train.textsft_direct.num_steps=1300", "train.textsft_direct.num_epochs=0")
+    steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=["latent.source=codebook"], seeds=[0])
+    (train,) = [s for s in steps if s.variant == "matched" and s.kind == "train"]
+    assert train.argv[train.argv.index("--mode") + 1] == "both" and "train.textsft.num_steps=1300" in train.argv
+    assert dict(train.links) == {tmp_path / "seed0/matched/tokenizer": tmp_path / "seed0/main/tokenizer"}
+    assert {f.parent.parent.name for f in train.done_files} == {"textsft_cot", "textsft_direct"}
+    # examples, not steps: a larger SFT batch is a larger budget
+    assert matched_budget(_tiny("train.sft.batch_size=64"))[0]["train.textsft.num_steps"] == 800 + 100 + 800
+    # Direct-SFT already given the budget: its row reads main's, and only CoT-SFT is retrained
+    exp = experiment("main", _tiny("train.textsft_direct.num_steps=1300"), matched=True)
+    v = exp.variants[1]
+    assert v.textsft_mode == "cot" and v.overrides == ("train.textsft.num_steps=1300", "train.textsft.num_epochs=0")
+    assert next(m for m in exp.methods if m.label == MATCHED_DIRECT).variant == "main"
+    steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=[], seeds=[0])
+    (train,) = [s for s in steps if s.variant == "matched" and s.kind == "train"]
+    assert train.argv[train.argv.index("--mode") + 1] == "cot"
+    assert [f.parent.parent.name for f in train.done_files] == ["textsft_cot"]
+    assert len([s for s in steps if s.stage == "textsft_direct"]) == 1  # one evaluation backs both rows
+    # the paper recipe counts epochs: 3 CoT-SFT + 3 align + 3 SFT; with init_from the text SFTs and the latent
+    # stages all start from the checkpoint, so DLR-SFT's model trained align + SFT only
+    real = ROOT / "configs" / "qwen3-4b.yaml"
+    assert matched_budget(load_config(real))[0] == {"train.textsft.num_epochs": 9.0,
+                                                    "train.textsft_direct.num_epochs": 9.0}
+    assert matched_budget(load_config(real, ["init_from=weights/qwen3-4b"]))[0]["train.textsft.num_epochs"] == 6.0
+    with pytest.raises(ValueError, match="one unit.*train.sft.num_steps=400"):
+        matched_budget(_tiny("train.align.num_epochs=1"))
+    with pytest.raises(ValueError, match="main experiment"):
+        experiment("no_rl", _tiny(), matched=True)
+
+
 def test_steps_link_from_main_and_skip_what_is_done(tmp_path):
     exp = experiment("no_process_reward", _tiny())
     steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=["latent.source=codebook"], seeds=[0, 1])
@@ -142,6 +189,8 @@ def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path
 
 
 def test_cli_refuses_bad_arguments(tmp_path, capsys):
+    assert cli_main(["no_rl", "--workdir", str(tmp_path), "--matched-baselines", "--dry-run"]) == 2
+    assert "main experiment" in capsys.readouterr().err
     assert cli_main(["main", "--workdir", str(tmp_path), "--seeds", "0"]) == 2
     assert cli_main(["main", "--workdir", str(tmp_path), "--set", "latent.nope=1", "--dry-run"]) == 2
     with pytest.raises(SystemExit):
@@ -242,6 +291,35 @@ def test_report_table_gap_cost_and_plots(tmp_path):
     assert sorted(p.name for p in made) == ["forced_stop.png", "k_sweep.png", "rl_reward.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in made)
     assert "w/o process reward" in report.markdown(ab)
+
+
+def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
+    exp = experiment("main", _tiny(), matched=True)
+    acc = {"Direct-SFT": [0.08, 0.10], "CoT-SFT": [0.50, 0.46], MATCHED_DIRECT: [0.30, 0.32],
+           MATCHED_COT: [0.90, 0.94], "DLR-SFT": [0.36, 0.40], "DLR-Full": [0.30, 0.28]}
+    for s in range(2):
+        for m in exp.methods:
+            cot = "CoT" in m.label
+            _results(tmp_path, s, m, acc[m.label][s], 40.0 if cot else 4.0, 50.0 if cot else 10.0, 0.002)
+        _trained(tmp_path / f"seed{s}/main", "textsft_direct", 300)  # short, but the matched rows are there
+        (tmp_path / f"seed{s}/main/config.yaml").write_text("init_from: null\n")
+        for stage, n in (("textsft_cot", 800), ("align", 100), ("sft", 400), ("rl", 40)):
+            _trained(tmp_path / f"seed{s}/main", stage, n)
+        (tmp_path / f"seed{s}/matched").mkdir(exist_ok=True)
+        (tmp_path / f"seed{s}/matched/config.yaml").write_text("init_from: null\n")
+        for stage in ("textsft_cot", "textsft_direct"):
+            _trained(tmp_path / f"seed{s}/matched", stage, 1300)
+    res = report.build(exp, root=tmp_path, seeds=[0, 1], command="cmd", config=TINY, overrides=[], steps_done=26,
+                       steps_total=26)
+    assert res["gap_closed_matched"]["synthetic"]["DLR-SFT"]["per_seed"] == pytest.approx(
+        [(0.36 - 0.30) / 0.60, (0.40 - 0.32) / 0.62])
+    assert res["gap_closed"]["synthetic"]["DLR-SFT"]["per_seed"] == pytest.approx(
+        [(0.36 - 0.08) / 0.42, (0.40 - 0.10) / 0.36])
+    assert {c["vs"] for c in res["cost"]["synthetic"]} == {"DLR-SFT", "DLR-Full"}  # baselines are not latent rows
+    md = report.markdown(res)
+    assert f"| {MATCHED_COT} | 2 | 92.0 ± 2.0 |" in md and "| 1300 CoT-SFT |" in md
+    assert "gap between the budget-matched baselines closed" in md and "DLR-SFT 11 ± 1 %" in md
+    assert "budgets differ" not in md  # the matched rows are the fair comparison the warning asks for
 
 
 def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(tmp_path, capsys):

@@ -2,7 +2,8 @@
 
 The paper's comparisons as one resumable command. Experiments:
 
-  main               Direct-SFT, CoT-SFT, DLR-SFT, DLR-Full (DLR-SFT + latent GRPO), one backbone
+  main               Direct-SFT, CoT-SFT, DLR-SFT, DLR-Full (DLR-SFT + latent GRPO), one backbone;
+                     --matched-baselines adds both text baselines trained on DLR-SFT's budget
   no_align           DLR-Full without the align stage (sft starts from fresh projectors)
   no_rl              DLR-Full vs DLR-SFT
   no_process_reward  latent GRPO with rl.process_weight=0
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config override for every stage (repeatable), e.g. latent.source=codebook")
     p.add_argument("--k-values", type=_ints, help="K sweep values, e.g. 128,512,2048 (the config's K is added)")
     p.add_argument("--force-stops", type=_ints, default=[2, 4, 6, 8], help="forced-stop n values (2,4,6,8)")
+    p.add_argument("--matched-baselines", action="store_true",
+                   help="main only: also train Direct-SFT and CoT-SFT on as many examples as DLR-SFT's model "
+                        "saw (CoT-SFT + align + SFT), two more rows and the gap between them; without it "
+                        "DLR-SFT vs Direct-SFT mixes the latents with DLR-SFT's longer training")
     p.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
                    help="fold the seeds of another run of this experiment and recipe into the report "
                         "(its W/NAME/results.json, e.g. from --seed-ids on another machine; repeatable)")
@@ -84,7 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         cfg = load_config(args.config, args.overrides)
-        exp = experiment(args.name, cfg, ks=args.k_values, force_stops=args.force_stops)
+        exp = experiment(args.name, cfg, ks=args.k_values, force_stops=args.force_stops,
+                         matched=args.matched_baselines)
         recipe = report.recipe_hash(cfg)
 
         def merged() -> list[tuple[Path, dict]]:  # read again for every report: the other machine goes on

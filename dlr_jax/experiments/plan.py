@@ -15,6 +15,7 @@ codebook onwards. A linked stage is never rerun, and every stage command is skip
 from __future__ import annotations
 
 import dataclasses
+import math
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +29,12 @@ DONE_DIRS = {"textsft": ("textsft_cot", "textsft_direct"), "codebook": ("codeboo
              "align": ("align",), "sft": ("sft",), "rl": ("rl",)}
 # What a variant links when it reuses a stage: its done dirs plus the files later stages read.
 PRODUCTS = {**DONE_DIRS, "export": ("export", "latents")}
+# The text-SFT directories `--stage textsft --mode M` finishes.
+TEXTSFT_DIRS = {"both": ("textsft_cot", "textsft_direct"), "cot": ("textsft_cot",), "direct": ("textsft_direct",)}
 FULL = "DLR-Full"
+# `main --matched-baselines`: the text baselines retrained on as many examples as DLR-SFT's model saw.
+MATCHED_DIRECT = "Direct-SFT, matched budget"
+MATCHED_COT = "CoT-SFT, matched budget"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +47,10 @@ class Variant:
     reuse: tuple[str, ...] = ()  # stages linked from the seed's main workdir
     # The tokenizer holds K latent ids, so variants that change K build their own.
     link_tokenizer: bool = True
+    textsft_mode: str = "both"  # what its textsft command trains (TEXTSFT_DIRS)
+
+    def done_dirs(self, stage: str) -> tuple[str, ...]:
+        return TEXTSFT_DIRS[self.textsft_mode] if stage == "textsft" else DONE_DIRS[stage]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +110,49 @@ def main_variant(cfg: Config) -> Variant:
     return Variant("main", runs=("textsft", *codebook_stages(cfg), "align", "sft", "rl"))
 
 
+def _number(x: float) -> str:
+    return str(x) if isinstance(x, int) else repr(float(x))  # never 2.5e+06 for a step count
+
+
+def matched_budget(cfg: Config) -> tuple[dict[str, float], bool]:
+    """The text baselines' training for a budget equal to DLR-SFT's model's: ({textsft key: value}, whether
+    the config's Direct-SFT already has it). DLR-SFT's model trained CoT-SFT, align and SFT (with
+    `init_from`, align and SFT: the text SFTs start from the checkpoint too); in steps, the baselines get
+    as many training examples (steps x batch_size summed over those stages, divided by their own batch
+    size); in epochs (the paper recipe), the sum of the stages' epochs. Align counts in full although it
+    trains only the projectors: the baselines get the larger budget."""
+    t = cfg.train
+    chain = [("train.align", t.align), ("train.sft", t.sft)]
+    if not cfg.init_from:
+        chain.insert(0, ("train.textsft", t.textsft))
+    if all(c.num_epochs == 0 for _, c in chain):
+        examples = sum(c.num_steps * c.batch_size for _, c in chain)
+        want = {"train.textsft.num_steps": math.ceil(examples / t.textsft.batch_size), "train.textsft.num_epochs": 0,
+                "train.textsft_direct.num_steps": math.ceil(examples / t.textsft_direct.batch_size),
+                "train.textsft_direct.num_epochs": 0}
+        have = t.textsft_direct.num_epochs == 0 and t.textsft_direct.num_steps == want["train.textsft_direct.num_steps"]
+        return want, have
+    if all(c.num_epochs > 0 for _, c in chain):
+        epochs = sum(c.num_epochs for _, c in chain)
+        return {"train.textsft.num_epochs": epochs, "train.textsft_direct.num_epochs": epochs}, \
+            t.textsft_direct.num_epochs == epochs
+    mixed = ", ".join(f"{k}.num_epochs={c.num_epochs:g}" if c.num_epochs else f"{k}.num_steps={c.num_steps}"
+                      for k, c in chain)
+    raise ValueError(f"--matched-baselines needs DLR-SFT's stages counted in one unit (all num_steps or all "
+                     f"num_epochs), got {mixed}")
+
+
+def matched_variant(cfg: Config) -> tuple[Variant, tuple[Method, ...]]:
+    """The variant retraining the text baselines on DLR-SFT's budget and its two table rows; when the config's
+    Direct-SFT already has that budget (e.g. `--set train.textsft_direct.num_steps=...`), its row reads main's."""
+    want, direct_has_it = matched_budget(cfg)
+    keys = [k for k in want if not (direct_has_it and k.startswith("train.textsft_direct."))]
+    v = Variant("matched", tuple(f"{k}={_number(want[k])}" for k in keys), runs=("textsft",),
+                textsft_mode="cot" if direct_has_it else "both")
+    direct = Method(MATCHED_DIRECT, "main" if direct_has_it else "matched", "textsft_direct")
+    return v, (direct, Method(MATCHED_COT, "matched", "textsft_cot"))
+
+
 def half_font_overrides(cfg: Config) -> tuple[str, ...]:
     """Glyphs at half the size: the same text fills a quarter of the area, so the canvas (and N =
     (side/64)^2) shrinks. With a fixed canvas (min_side == max_side, as configs/tiny.yaml) the side is
@@ -123,18 +176,25 @@ def k_values(cfg: Config, given: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
-               force_stops: Sequence[int] = (2, 4, 6, 8)) -> Experiment:
-    """The variants and table rows of experiment `name` (see EXPERIMENTS) for the resolved config."""
+               force_stops: Sequence[int] = (2, 4, 6, 8), matched: bool = False) -> Experiment:
+    """The variants and table rows of experiment `name` (see EXPERIMENTS) for the resolved config;
+    `matched` (main only) adds the text baselines retrained on DLR-SFT's budget (`matched_variant`)."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
+    if matched and name != "main":
+        raise ValueError(f"--matched-baselines adds rows to the main experiment, not to {name!r}")
     cb = codebook_stages(cfg)
     main = main_variant(cfg)
     full = Method(FULL, "main", "rl")
     if name == "main":
+        variants, rows = (main,), (Method("Direct-SFT", "main", "textsft_direct"),
+                                   Method("CoT-SFT", "main", "textsft_cot"))
+        if matched:
+            v, extra = matched_variant(cfg)
+            variants, rows = (main, v), (*rows, *extra)
         return Experiment("main", "Direct-SFT, CoT-SFT, DLR-SFT and DLR-Full (= DLR-SFT + latent GRPO) on one "
-                          "backbone", (main,),
-                          (Method("Direct-SFT", "main", "textsft_direct"), Method("CoT-SFT", "main", "textsft_cot"),
-                           Method("DLR-SFT", "main", "sft"), full))
+                          "backbone" + (", and the text baselines on DLR-SFT's training budget" if matched else ""),
+                          variants, (*rows, Method("DLR-SFT", "main", "sft"), full))
     parts: dict[str, tuple[tuple[Variant, ...], tuple[Method, ...]]] = {}
     # w/o align: align trains 1 step at learning rate 0, which saves the freshly built latent LM (random
     # projectors, the codebook's rows) as align's output — exactly what sft would start from without the

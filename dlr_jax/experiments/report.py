@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.config import dump_config
-from dlr_jax.experiments.plan import Experiment, Method
+from dlr_jax.experiments.plan import MATCHED_COT, MATCHED_DIRECT, Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
 from dlr_jax.machine import cpu_model
 from dlr_jax.workdir import final_dir, stage_dir, workdir_config
 
 FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")
+TEXT_BASELINES = ("Direct-SFT", "CoT-SFT", MATCHED_DIRECT, MATCHED_COT)
 
 
 def results_path(root: Path, seed: int, m: Method) -> Path:
@@ -82,6 +83,8 @@ def budget_text(steps: Mapping[str, int]) -> str:
 def budget_warning(budgets: Mapping[str, Mapping[str, Mapping[str, int]]]) -> str | None:
     """A sentence when Direct-SFT trained fewer supervised steps than DLR-SFT's model did in all (then a
     DLR-SFT > Direct-SFT row says as much about the budget as about the latents), else None."""
+    if budgets.get(MATCHED_DIRECT):  # the table has the matched rows: they are the fair comparison
+        return None
     direct, dlr = budgets.get("Direct-SFT", {}), budgets.get("DLR-SFT", {})
     short = [(d, t) for s in direct if s in dlr and (d := sum(direct[s].values())) < (t := sum(dlr[s].values()))]
     if not short:
@@ -89,6 +92,7 @@ def budget_warning(budgets: Mapping[str, Mapping[str, Mapping[str, int]]]) -> st
     d, t = short[0]
     return (f"Training budgets differ: Direct-SFT trained {d} steps, DLR-SFT's model {t} in all (it starts from "
             f"CoT-SFT), so DLR-SFT vs Direct-SFT mixes the latents with the extra training; "
+            f"`--matched-baselines` adds Direct-SFT and CoT-SFT trained on as many examples; "
             f"`--set train.textsft_direct.num_steps={t}` gives Direct-SFT the same number of steps (with "
             "`--set train.textsft_direct.num_epochs=0` where the config trains by epochs).")
 
@@ -151,15 +155,17 @@ def summarise(exp: Experiment, per_seed: Mapping[str, Mapping[int, Any]], seeds:
     return out
 
 
-def gap_closed(per_seed: Mapping[str, Mapping[int, Any]], bench: str, label: str) -> dict[str, Any] | None:
+def gap_closed(per_seed: Mapping[str, Mapping[int, Any]], bench: str, label: str, *, direct: str = "Direct-SFT",
+               cot: str = "CoT-SFT") -> dict[str, Any] | None:
     """(method - Direct-SFT) / (CoT-SFT - Direct-SFT) of Pass@1, per seed, then mean ± std — the issue's
-    "closes x % of the Direct→CoT gap"; None without the three rows."""
-    need = ("Direct-SFT", "CoT-SFT", label)
+    "closes x % of the Direct→CoT gap" (`direct`, `cot`: the baseline rows, e.g. the matched ones); None
+    without the three rows."""
+    need = (direct, cot, label)
     if not all(k in per_seed for k in need):
         return None
     vals = []
     for s, r in per_seed[label].items():
-        d, c = per_seed["Direct-SFT"].get(s), per_seed["CoT-SFT"].get(s)
+        d, c = per_seed[direct].get(s), per_seed[cot].get(s)
         if r and d and c and bench in r and bench in d and bench in c:
             gap = c[bench]["pass_at_1"] - d[bench]["pass_at_1"]
             if gap != 0:
@@ -178,7 +184,7 @@ def cost(table: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     out = []
     for label, row in table.items():
-        if label in ("CoT-SFT", "Direct-SFT"):
+        if label in TEXT_BASELINES:
             continue
         item: dict[str, Any] = {"vs": label}
         for k in ("L", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question"):
@@ -277,6 +283,11 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
         results["merged_from"] = merged
     results["gap_closed"] = {b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
                                  if (g := gap_closed(per_seed, b, lab)) is not None} for b in summary}
+    if MATCHED_COT in per_seed:
+        results["gap_closed_matched"] = {
+            b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
+                if (g := gap_closed(per_seed, b, lab, direct=MATCHED_DIRECT, cot=MATCHED_COT)) is not None}
+            for b in summary}
     results["cost"] = {b: cost(t) for b, t in summary.items()}
     return results
 
@@ -325,10 +336,11 @@ def markdown(results: Mapping[str, Any]) -> str:
                          f"{_p(row.get('p_vs_full'))} | {steps} |")
         if warning := budget_warning(budgets):
             lines += ["", warning]
-        gaps = results.get("gap_closed", {}).get(b, {})
-        if gaps:
-            lines += ["", "Share of the Direct-SFT → CoT-SFT gap closed (per seed, then mean ± std): " + "; ".join(
-                f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %" for lab, g in gaps.items()) + "."]
+        for key, what in (("gap_closed", "Direct-SFT → CoT-SFT gap"),
+                          ("gap_closed_matched", "gap between the budget-matched baselines")):
+            if gaps := results.get(key, {}).get(b, {}):
+                lines += ["", f"Share of the {what} closed (per seed, then mean ± std): " + "; ".join(
+                    f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %" for lab, g in gaps.items()) + "."]
         for c in results.get("cost", {}).get(b, []):
             if c["vs"] != full:
                 continue

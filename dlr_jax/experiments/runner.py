@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dlr_jax.experiments.plan import DONE_DIRS, PRODUCTS, Experiment, Step
+from dlr_jax.experiments.plan import PRODUCTS, Experiment, Step
 
 # Per-seed training seeds: the run (data order, init, synthetic data) and every trainer's RNG.
 SEEDED = ("run.seed", "train.textsft.seed", "train.textsft_direct.seed", "train.align.seed", "train.sft.seed",
@@ -48,11 +48,11 @@ def build_steps(exp: Experiment, *, root: Path, config: str, overrides: Sequence
             sets = [*overrides, *v.overrides, *seed_overrides(s)]
             for stage in v.runs:
                 argv = [python, "-m", "dlr_jax.train", "--stage", stage, "--config", config, "--workdir", str(w)]
-                argv += ["--mode", "both"] if stage == "textsft" else []
+                argv += ["--mode", v.textsft_mode] if stage == "textsft" else []
                 for o in sets:
                     argv += ["--set", o]
                 steps.append(Step(s, v.name, "train", stage, tuple(argv),
-                                  tuple(w / d / "final" / "meta.json" for d in DONE_DIRS[stage]), w, tuple(links),
+                                  tuple(w / d / "final" / "meta.json" for d in v.done_dirs(stage)), w, tuple(links),
                                   logs / f"seed{s}_{v.name}_{stage}.log"))
         evals = [o for o in overrides if o.startswith(EVAL_PREFIXES)]
         for m in exp.methods:
