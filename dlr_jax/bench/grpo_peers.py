@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dlr_jax.bench import common
+from dlr_jax.bench import common, roofline
 from dlr_jax.bench import peer_protocol as protocol
 from dlr_jax.bench.workers import Worker
 
@@ -131,6 +131,8 @@ class PeersResult:
     workload: dict[str, Any]
     sides: list[Side]
     loads: list[float]  # 1-minute load average before every round
+    update_flops: float | None = None  # of one optimizer step (roofline.update_flops)
+    gemm: dict[str, float] = dataclasses.field(default_factory=dict)  # host fp32 GEMM GFLOP/s (CPU runs)
 
     def side(self, framework: str, mu: int) -> Side | None:
         return next((s for s in self.sides if s.framework == framework and s.mu == mu), None)
@@ -142,6 +144,10 @@ def bench_grpo_peers(size: common.Size, *, mus: tuple[int, ...] = (1, 4), steps:
     """1 warm-up + `steps` GRPO steps per framework and mu, interleaved round-robin."""
     sides: list[Side] = []
     loads: list[float] = []
+    # the host's GEMM rate, measured before any worker starts (an idle machine)
+    gemm = roofline.gemm_rates() if workload_kw.get("device", "cpu") == "cpu" else {}
+    if gemm:
+        log("grpo_peers: fp32 GEMM 2048^3: " + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in gemm.items()))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         hf_dir = root / "model"
@@ -187,7 +193,9 @@ def bench_grpo_peers(size: common.Size, *, mus: tuple[int, ...] = (1, 4), steps:
             for w in workers.values():
                 w.close()
         loads.append(common.load_average())
-    return PeersResult(work, sides, loads)
+    rows = len(work["prompts"]) * work["group"]
+    flops = roofline.update_flops(size, rows, len(work["prompts"][0]) + work["new_tokens"])
+    return PeersResult(work, sides, loads, flops, gemm)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,9 +221,9 @@ def render_section(res: PeersResult, command: str, info: dict[str, str], *, allo
         "round (the first before any work; the later ones include this benchmark's own threads): "
         + ", ".join(f"{x:.2f}" for x in res.loads) + ".",
         "",
-        "| mu | framework | s / GRPO step | generate | score (old + ref) | rewards | update | dlr_jax faster by | "
-        "warm-up step s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mu | framework | s / GRPO step | generate | score (old + ref) | rewards | update | update GFLOP/s | "
+        "dlr_jax faster by | warm-up step s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for mu in sorted({s.mu for s in res.sides}):
         ours = res.side("dlr_jax", mu)
@@ -224,7 +232,7 @@ def render_section(res: PeersResult, command: str, info: dict[str, str], *, allo
             if s is None:
                 continue
             if not s.ok:
-                lines.append(f"| {mu} | {fw} | not run: {s.error or 'no timed step'} | | | | | | |")
+                lines.append(f"| {mu} | {fw} | not run: {s.error or 'no timed step'} | | | | | | | |")
                 continue
             if fw == "dlr_jax":
                 ratio = "—"
@@ -234,8 +242,9 @@ def render_section(res: PeersResult, command: str, info: dict[str, str], *, allo
                 ratio = refusal and "(not written)" or f"**{s.med() / ours.med():.2f}x**"
             d = 3 if on_gpu else 2  # GPU steps take tens of milliseconds
             lines.append(f"| {mu} | {fw} | {s.med():.{d}f} | " + " | ".join(f"{s.med(p):.{d}f}" for p in PHASES)
-                         + f" | {ratio} | {s.steps[0]['total']:.1f} |")
+                         + f" | {_rate(res, s)} | {ratio} | {s.steps[0]['total']:.1f} |")
     lines.append("")
+    lines += _where_the_time_goes(res)
     if refusal:
         lines += [f"Ratios {refusal}.", ""]
     lines.append("Versions and settings that could not be matched:")
@@ -248,6 +257,41 @@ def render_section(res: PeersResult, command: str, info: dict[str, str], *, allo
         vers = ", ".join(f"{k} {v}" for k, v in s.versions.items() if k != "framework")
         lines.append(f"- {s.framework} ({vers}): " + ("; ".join(s.notes) or "—") + ".")
     return "\n".join(lines) + "\n"
+
+
+def _rate(res: PeersResult, s: Side) -> str:
+    """GFLOP/s of a side's update phase (mu optimizer steps), or "—" without the FLOP count."""
+    if not res.update_flops or s.med("update") <= 0:
+        return "—"
+    return f"{res.update_flops * s.mu / s.med('update') / 1e9:.0f}"
+
+
+def _where_the_time_goes(res: PeersResult) -> list[str]:
+    """The roofline paragraph: the update's FLOPs, the host's GEMM rate, and the update rate a 2x-TRL step
+    would need given our other phases (at the largest mu measured)."""
+    if not res.update_flops:
+        return []
+    mu = max(s.mu for s in res.sides)
+    ours, trl = res.side("dlr_jax", mu), res.side("TRL", mu)
+    text = (f"Where the time goes: one optimizer step of the update is {res.update_flops / 1e9:.1f} GFLOP "
+            "(forward + backward of the policy over every rollout token, counted analytically: "
+            "`dlr_jax.plan_flops.dense_lm_flops`); the update column's GFLOP/s is that times mu over the phase's "
+            "seconds.")
+    if res.gemm:
+        text += (" This host's fp32 GEMM ([2048, 2048] x [2048, 2048], measured before the workers started): "
+                 + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in res.gemm.items()) + ".")
+    if ours and ours.ok and trl and trl.ok:
+        target = trl.med() / 2
+        rest = ours.med() - ours.med("update")
+        if target > rest:
+            need = res.update_flops * mu / (target - rest) / 1e9
+            share = f" ({100 * need / res.gemm['XLA']:.0f} % of XLA's GEMM rate)" if "XLA" in res.gemm else ""
+            text += (f" At mu = {mu}, a step 2x faster than TRL's takes {target:.2f} s; with our other phases "
+                     f"({rest:.2f} s) the update would have to run at {need:.0f} GFLOP/s{share}.")
+        else:
+            text += (f" At mu = {mu}, a step 2x faster than TRL's takes {target:.2f} s, less than our phases other "
+                     f"than the update already take ({rest:.2f} s).")
+    return [text, ""]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def test_report_writes_ratios_only_on_an_idle_machine(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "cpu_threads", lambda: 2)  # the 2-core host the 1.5 limit is sized for
     info = {"cpu": "cpu", "cores": "2", "load": "0.1", "versions": "v", "date": "today"}
     idle = grpo_peers.render_section(_result([0.2, 0.4]), "cmd", info)
-    assert "| 4 | dlr_jax | 1.00 | 0.50 | 0.12 | 0.00 | 0.38 | — | 9.0 |" in idle
+    assert "| 4 | dlr_jax | 1.00 | 0.50 | 0.12 | 0.00 | 0.38 | — | — | 9.0 |" in idle
     assert "| 4 | TRL | 4.00 |" in idle and "**4.00x**" in idle
     assert "| 4 | tunix | not run: no venv at /x (`make peers` creates it)" in idle
     assert "- TRL (x 1.0): TRL note." in idle
@@ -90,6 +90,29 @@ def test_report_writes_ratios_only_on_an_idle_machine(tmp_path, monkeypatch):
     text = out.read_text()
     assert text.startswith("# Benchmarks\n\nhand-written\n") and "<!-- bench:grpo_peers -->" in text
     assert text.rstrip().endswith("<!-- /bench:grpo_peers -->")
+
+
+def test_report_says_how_fast_each_update_runs_and_what_2x_trl_would_need():
+    res = _result([0.2])
+    res.update_flops, res.gemm = 30e9, {"XLA": 180.0, "torch": 150.0}
+    info = {"cpu": "cpu", "cores": "2", "load": "0.1", "versions": "v", "date": "today"}
+    text = grpo_peers.render_section(res, "cmd", info)
+    # dlr_jax: 4 updates of 30 GFLOP in 0.375 s; TRL: in 1.5 s
+    assert "| 0.38 | 320 | — |" in text and "| 1.50 | 80 | **4.00x** |" in text
+    assert "one optimizer step of the update is 30.0 GFLOP" in text and "XLA 180 GFLOP/s, torch 150" in text
+    # 2x TRL = 2.0 s; our other phases take 0.625 s, leaving 1.375 s for 120 GFLOP: 87 GFLOP/s, 48 % of 180
+    assert "takes 2.00 s; with our other phases (0.62 s) the update would have to run at 87 GFLOP/s (48 %" in text
+
+
+def test_update_flops_and_gemm_rates():
+    from dlr_jax.bench import roofline
+
+    size = common.Size(hidden=256, layers=4, heads=4, kv_heads=2, mlp=768, vocab=4096)
+    per_token_layers = 2 * 4 * (256 * 64 * (2 * 4 + 2 * 2) + 3 * 256 * 768) + 4 * 4 * 80 * 4 * 64
+    # x3 for the backward pass, the untied head 2 * d * V per token, also x3
+    assert roofline.update_flops(size, 64, 80) == 64 * 80 * (3 * per_token_layers + 3 * 2 * 256 * 4096)
+    rates = roofline.gemm_rates(n=128, repeats=2)
+    assert set(rates) == {"XLA", "torch"} and all(v > 0 for v in rates.values())
 
 
 def test_mu_and_framework_arguments_are_checked():
