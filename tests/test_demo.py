@@ -21,3 +21,6 @@ def test_the_demo_table_gives_each_method_its_training_steps():
     # a recipe counted in epochs says so
     paper = training_budgets(load_config(TINY, [*DEMO_OVERRIDES, "train.sft.num_epochs=3"]))
     assert paper["DLR-SFT"].endswith("+ 3 ep SFT")
+    # with init_from the latent stages start from the checkpoint, not from CoT-SFT
+    own = training_budgets(load_config(TINY, [*DEMO_OVERRIDES, "init_from=weights/x"]))
+    assert own["DLR-SFT"] == f"{t.align.num_steps} align + {t.sft.num_steps} SFT"

@@ -151,6 +151,8 @@ def test_matched_baselines_train_the_text_sfts_on_dlr_sft_s_budget(tmp_path):
         matched_budget(_tiny("train.align.num_epochs=1"))
     with pytest.raises(ValueError, match="main experiment"):
         experiment("no_rl", _tiny(), matched=True)
+    with pytest.raises(ValueError, match="data.pack=false"):  # a packed row is several examples
+        matched_budget(_tiny("data.pack=true"))
 
 
 def test_steps_link_from_main_and_skip_what_is_done(tmp_path):
@@ -319,7 +321,20 @@ def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
     md = report.markdown(res)
     assert f"| {MATCHED_COT} | 2 | 92.0 ± 2.0 |" in md and "| 1300 CoT-SFT |" in md
     assert "gap between the budget-matched baselines closed" in md and "DLR-SFT 11 ± 1 %" in md
+    assert "(DLR-Full adds its GRPO steps to DLR-SFT's budget)" in md
+    assert "Direct-SFT → CoT-SFT gap (baselines of the config's own length) closed" in md
     assert "budgets differ" not in md  # the matched rows are the fair comparison the warning asks for
+    # one table, one set of rows: a run with the matched rows does not fold in a run without them, nor back
+    assert res["matched_baselines"] is True
+    plain = report.build(experiment("main", _tiny()), root=tmp_path, seeds=[0], command="cmd", config=TINY,
+                         overrides=[], steps_done=1, steps_total=1, recipe="r")
+    (tmp_path / "plain.json").write_text(json.dumps(plain))
+    (tmp_path / "matched.json").write_text(json.dumps({**res, "recipe": "r"}))
+    with pytest.raises(ValueError, match="without --matched-baselines, this run with"):
+        report.load_merge(tmp_path / "plain.json", exp, config=TINY, overrides=[], recipe="r")
+    with pytest.raises(ValueError, match="with --matched-baselines, this run without"):
+        report.load_merge(tmp_path / "matched.json", experiment("main", _tiny()), config=TINY, overrides=[], recipe="r")
+    assert report.load_merge(tmp_path / "matched.json", exp, config=TINY, overrides=[], recipe="r")["seeds"] == [0, 1]
 
 
 def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(tmp_path, capsys):

@@ -121,6 +121,9 @@ def matched_budget(cfg: Config) -> tuple[dict[str, float], bool]:
     as many training examples (steps x batch_size summed over those stages, divided by their own batch
     size); in epochs (the paper recipe), the sum of the stages' epochs. Align counts in full although it
     trains only the projectors: the baselines get the larger budget."""
+    if cfg.data.pack:  # a packed row holds several examples, more of the short Direct-SFT ones than CoT ones
+        raise ValueError("--matched-baselines counts training examples as rows, which data.pack=true breaks; "
+                         "run it with --set data.pack=false")
     t = cfg.train
     chain = [("train.align", t.align), ("train.sft", t.sft)]
     if not cfg.init_from:

@@ -215,6 +215,10 @@ def load_merge(path: Path, exp: Experiment, *, config: str, overrides: Sequence[
     if list(res.get("overrides", [])) != list(overrides):  # in order: the last --set of a key wins
         raise ValueError(f"--merge {path}: its runs used --set {res.get('overrides')}, this one --set "
                          f"{list(overrides)}; one table must hold one recipe")
+    mine = any(m.label == MATCHED_COT for m in exp.methods)
+    if bool(res.get("matched_baselines", False)) != mine:  # files written before the flag existed had none
+        raise ValueError(f"--merge {path}: it was run {'with' if not mine else 'without'} --matched-baselines, this "
+                         f"run {'with' if mine else 'without'}; one table must hold the same rows for every seed")
     theirs = res.get("recipe")
     if theirs is None:  # written before results.json recorded the recipe: the config file's name must match
         if Path(str(res.get("config"))).name != Path(config).name:
@@ -264,7 +268,8 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
     results: dict[str, Any] = {
         "experiment": exp.name, "description": exp.description, "full_method": exp.full,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(),
-        "command": command, "config": config, "overrides": list(overrides), "recipe": recipe, "seeds": list(seeds),
+        "command": command, "config": config, "overrides": list(overrides), "recipe": recipe,
+        "matched_baselines": any(m.label == MATCHED_COT for m in exp.methods), "seeds": list(seeds),
         "status": {"steps_done": steps_done, "steps_total": steps_total},
         "notes": ["pass_at_1 in [0, 1]; std = population std (ddof=0) over training seeds",
                   "p_vs_full: paired t-test of Pass@1 over the seeds both rows have (two-sided)",
@@ -336,11 +341,16 @@ def markdown(results: Mapping[str, Any]) -> str:
                          f"{_p(row.get('p_vs_full'))} | {steps} |")
         if warning := budget_warning(budgets):
             lines += ["", warning]
-        for key, what in (("gap_closed", "Direct-SFT → CoT-SFT gap"),
-                          ("gap_closed_matched", "gap between the budget-matched baselines")):
+        matched = bool(results.get("gap_closed_matched"))
+        for key, what, after in (
+                ("gap_closed", "Direct-SFT → CoT-SFT gap" + (" (baselines of the config's own length)" if matched
+                                                              else ""), ""),
+                ("gap_closed_matched", "gap between the budget-matched baselines",
+                 " (DLR-Full adds its GRPO steps to DLR-SFT's budget)")):
             if gaps := results.get(key, {}).get(b, {}):
                 lines += ["", f"Share of the {what} closed (per seed, then mean ± std): " + "; ".join(
-                    f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %" for lab, g in gaps.items()) + "."]
+                    f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %" for lab, g in gaps.items())
+                    + (after if "DLR-Full" in gaps else "") + "."]
         for c in results.get("cost", {}).get(b, []):
             if c["vs"] != full:
                 continue

@@ -112,7 +112,7 @@ def test_update_flops_and_gemm_rates():
     # x3 for the backward pass, the untied head 2 * d * V per token, also x3
     assert roofline.update_flops(size, 64, 80) == 64 * 80 * (3 * per_token_layers + 3 * 2 * 256 * 4096)
     rates = roofline.gemm_rates(n=128, repeats=2)
-    assert set(rates) == {"XLA", "torch"} and all(v > 0 for v in rates.values())
+    assert rates["XLA"] > 0 and all(v > 0 for v in rates.values()) and set(rates) <= {"XLA", "torch"}
 
 
 def test_mu_and_framework_arguments_are_checked():
