@@ -13,11 +13,12 @@ import os
 import platform
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from dlr_jax.config import ModelConfig
 from dlr_jax.machine import cpu_model
@@ -213,3 +214,25 @@ def ratio_refusal(loads: list[float], allow_load: bool) -> str | None:
             "work running, so the "
             "ratio would measure contention for the CPU; rerun on an idle machine, or pass --allow-load to write "
             "it anyway")
+
+
+def matmul_gflops(torch_threads: Sequence[int], n: int = 1024, repeats: int = 5) -> dict[str, float]:
+    """Best-of-`repeats` fp32 [n, n] @ [n, n] GFLOP/s of XLA and of PyTorch at each thread count,
+    interleaved: what each side reaches on the plainest kernel, on this machine, right now."""
+    import torch
+
+    a = np.random.default_rng(0).standard_normal((n, n), np.float32)
+    # the host's rate, even where a GPU is JAX's default device
+    xa, ta = jax.device_put(a, jax.devices("cpu")[0]), torch.from_numpy(a.copy())
+    dot = jax.jit(lambda x: x @ x)
+    runs: dict[str, Callable[[], Any]] = {"xla": lambda: dot(xa).block_until_ready()}
+    for th in torch_threads:
+        runs[f"torch{th}"] = lambda th=th: (torch.set_num_threads(th), torch.mm(ta, ta))
+    best = {}
+    for name, fn in runs.items():
+        fn()
+        best[name] = float("inf")
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            best[name] = min(best[name], timed(fn)[0])
+    return {name: 2 * n**3 / t / 1e9 for name, t in best.items()}

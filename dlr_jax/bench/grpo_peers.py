@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from dlr_jax.bench import common, roofline
+from dlr_jax.bench import common
 from dlr_jax.bench import peer_protocol as protocol
 from dlr_jax.bench.workers import Worker
 
@@ -131,7 +131,7 @@ class PeersResult:
     workload: dict[str, Any]
     sides: list[Side]
     loads: list[float]  # 1-minute load average before every round
-    update_flops: float | None = None  # of one optimizer step (roofline.update_flops)
+    update_flops: float | None = None  # of one optimizer step (update_flops)
     gemm: dict[str, float] = dataclasses.field(default_factory=dict)  # host fp32 GEMM GFLOP/s (CPU runs)
 
     def side(self, framework: str, mu: int) -> Side | None:
@@ -144,8 +144,12 @@ def bench_grpo_peers(size: common.Size, *, mus: tuple[int, ...] = (1, 4), steps:
     """1 warm-up + `steps` GRPO steps per framework and mu, interleaved round-robin."""
     sides: list[Side] = []
     loads: list[float] = []
-    # the host's GEMM rate, measured before any worker starts (an idle machine)
-    gemm = roofline.gemm_rates() if workload_kw.get("device", "cpu") == "cpu" else {}
+    # the host's GEMM rate, measured before any worker starts (an idle machine), at the TRL worker's threads
+    gemm = {}
+    if workload_kw.get("device", "cpu") == "cpu":
+        threads = common.cpu_threads()
+        rates = common.matmul_gflops([threads], n=2048)
+        gemm = {"XLA": rates["xla"], "torch": rates[f"torch{threads}"]}
     if gemm:
         log("grpo_peers: fp32 GEMM 2048^3: " + ", ".join(f"{k} {v:.1f} GFLOP/s" for k, v in gemm.items()))
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,8 +198,16 @@ def bench_grpo_peers(size: common.Size, *, mus: tuple[int, ...] = (1, 4), steps:
                 w.close()
         loads.append(common.load_average())
     rows = len(work["prompts"]) * work["group"]
-    flops = roofline.update_flops(size, rows, len(work["prompts"][0]) + work["new_tokens"])
+    flops = update_flops(size, rows, len(work["prompts"][0]) + work["new_tokens"])
     return PeersResult(work, sides, loads, flops, gemm)
+
+
+def update_flops(size: common.Size, sequences: int, seq_len: int) -> float:
+    """FLOPs of one optimizer step's forward + backward over `sequences` rows of `seq_len` tokens (the
+    teacher-forced policy pass every framework's GRPO loss needs; the optimizer's own FLOPs are negligible)."""
+    from dlr_jax.plan_flops import dense_lm_flops
+
+    return dense_lm_flops(common.model_config(size), sequences * seq_len, seq_len)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +290,8 @@ def _where_the_time_goes(res: PeersResult) -> list[str]:
             "`dlr_jax.plan_flops.dense_lm_flops`); the update column's GFLOP/s is that times mu over the phase's "
             "seconds.")
     if res.gemm:
-        text += (" This host's fp32 GEMM ([2048, 2048] x [2048, 2048], measured before the workers started): "
+        text += (" This host's fp32 GEMM ([2048, 2048] x [2048, 2048], best of 5, measured before the workers "
+                 "started): "
                  + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in res.gemm.items()) + ".")
     if ours and ours.ok and trl and trl.ok:
         target = trl.med() / 2

@@ -214,27 +214,6 @@ def step_flops(trainer: Any, batch: Mapping[str, np.ndarray], compile: bool = Tr
     return float((cost or {}).get("flops", float("nan"))), seconds, compiled.as_text() if compiled else ""
 
 
-def matmul_gflops(torch_threads: Sequence[int], n: int = 1024, repeats: int = 5) -> dict[str, float]:
-    """Best-of-`repeats` fp32 [n, n] @ [n, n] GFLOP/s of XLA and of PyTorch at each thread count,
-    interleaved: what each side reaches on the plainest kernel, on this machine, right now."""
-    import torch
-
-    a = np.random.default_rng(0).standard_normal((n, n), np.float32)
-    xa, ta = jax.device_put(a), torch.from_numpy(a.copy())
-    dot = jax.jit(lambda x: x @ x)
-    runs: dict[str, Callable[[], Any]] = {"xla": lambda: dot(xa).block_until_ready()}
-    for th in torch_threads:
-        runs[f"torch{th}"] = lambda th=th: (torch.set_num_threads(th), torch.mm(ta, ta))
-    best = {}
-    for name, fn in runs.items():
-        fn()
-        best[name] = float("inf")
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            best[name] = min(best[name], common.timed(fn)[0])
-    return {name: 2 * n**3 / t / 1e9 for name, t in best.items()}
-
-
 # ----------------------------------------------------------------------------------------------
 # The benchmark.
 
@@ -344,7 +323,8 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
     tm = target_mask(batch)
     return TrainStepResult(case, repeats, threads, sides, ready[sides[1]]["opt"], case.batch * case.seq,
                            int((batch["segment_ids"] > 0).sum()), int(tm.sum()), step_s, fwd_s, first_s, losses,
-                           fwd_gap, prof["compile_s"], prof["flops"], matmul_gflops(counts), ready[OURS]["params"],
+                           fwd_gap, prof["compile_s"], prof["flops"], common.matmul_gflops(counts),
+                           ready[OURS]["params"],
                            prof["kinds"], [tuple(t) for t in prof["top"]])
 
 

@@ -25,6 +25,10 @@ FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "w
 TEXT_BASELINES = ("Direct-SFT", "CoT-SFT", MATCHED_DIRECT, MATCHED_COT)
 
 
+def has_matched_baselines(exp: Experiment) -> bool:
+    return any(m.label == MATCHED_COT for m in exp.methods)
+
+
 def results_path(root: Path, seed: int, m: Method) -> Path:
     return seed_dir(root, seed) / m.variant / m.stage / "eval" / (f"results_{m.tag}.json" if m.tag else "results.json")
 
@@ -215,7 +219,7 @@ def load_merge(path: Path, exp: Experiment, *, config: str, overrides: Sequence[
     if list(res.get("overrides", [])) != list(overrides):  # in order: the last --set of a key wins
         raise ValueError(f"--merge {path}: its runs used --set {res.get('overrides')}, this one --set "
                          f"{list(overrides)}; one table must hold one recipe")
-    mine = any(m.label == MATCHED_COT for m in exp.methods)
+    mine = has_matched_baselines(exp)
     if bool(res.get("matched_baselines", False)) != mine:  # files written before the flag existed had none
         raise ValueError(f"--merge {path}: it was run {'with' if not mine else 'without'} --matched-baselines, this "
                          f"run {'with' if mine else 'without'}; one table must hold the same rows for every seed")
@@ -269,7 +273,7 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
         "experiment": exp.name, "description": exp.description, "full_method": exp.full,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine(),
         "command": command, "config": config, "overrides": list(overrides), "recipe": recipe,
-        "matched_baselines": any(m.label == MATCHED_COT for m in exp.methods), "seeds": list(seeds),
+        "matched_baselines": has_matched_baselines(exp), "seeds": list(seeds),
         "status": {"steps_done": steps_done, "steps_total": steps_total},
         "notes": ["pass_at_1 in [0, 1]; std = population std (ddof=0) over training seeds",
                   "p_vs_full: paired t-test of Pass@1 over the seeds both rows have (two-sided)",
