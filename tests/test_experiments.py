@@ -25,6 +25,7 @@ from dlr_jax.experiments.plan import (
     experiment,
     half_font_overrides,
     k_values,
+    larger_canvas_overrides,
     matched_budget,
 )
 from dlr_jax.experiments.stats import betainc, paired_t_test, t_two_sided_p
@@ -115,6 +116,66 @@ def test_half_font_and_k_values_follow_the_config():
     assert k_values(tiny, [64, 256]) == (64, 256, 512)  # the config's K is always a point
 
 
+def test_levers_change_one_thing_of_main_each_and_train_from_the_first_stage_it_affects():
+    cfg = _tiny()
+    exp = experiment("levers", cfg)
+    assert exp.full == "DLR-SFT"
+    v = {x.name: x for x in exp.variants}
+    assert list(v) == ["main", "align_x4", "dual_off", "dual_x4", "dc_x4", "canvas", "wide", "deep"]
+    assert v["align_x4"].overrides == ("train.align.num_steps=400",) and v["align_x4"].runs == ("align", "sft")
+    assert v["align_x4"].reuse == ("textsft", "codebook", "export")
+    assert v["dual_off"].runs == v["dual_x4"].runs == ("sft",) and "align" in v["dual_x4"].reuse
+    assert v["dual_x4"].overrides == ("latent.dual_branch_weight=4",)
+    assert v["dc_x4"].overrides == ("latent.latent_dim=256",) and v["dc_x4"].runs[0] == "codebook"
+    assert v["canvas"].overrides == ("codebook.min_side=192", "codebook.max_side=192")  # N = 4 -> 9
+    assert v["wide"].runs == ("textsft", "align", "sft") and v["wide"].reuse == ("codebook", "export")
+    assert "model.hidden_size=256" in v["wide"].overrides and v["deep"].overrides == ("model.num_layers=4",)
+    for x in exp.variants:  # every lever is a config the stages accept
+        load_config(TINY, ["latent.source=codebook", *x.overrides])
+    rows = {m.label: m for m in exp.methods}
+    assert rows["DLR-SFT, width x2 (hidden 256)"].baselines == ("Direct-SFT, width x2 (hidden 256)",
+                                                                  "CoT-SFT, width x2 (hidden 256)")
+    assert rows["d_c x4 (256)"].baselines == ("Direct-SFT", "CoT-SFT") and rows["d_c x4 (256)"].stage == "sft"
+    assert rows["DLR-Full (RL on top)"].variant == "main" and rows["DLR-Full (RL on top)"].stage == "rl"
+    steps = runner.build_steps(exp, root=Path("/w"), config=TINY, overrides=[], seeds=[0])
+    wide = [(st.kind, st.stage) for st in steps if st.variant == "wide"]
+    assert wide == [("train", "textsft"), ("train", "align"), ("train", "sft"), ("evaluate", "textsft_direct"),
+                    ("evaluate", "textsft_cot"), ("evaluate", "sft")]
+    # no image without the codebook: no dual branch or canvas levers; a fixed backbone: no width / depth
+    rnd = {x.name for x in experiment("levers", load_config(TINY, ["latent.source=random"])).variants}
+    assert rnd == {"main", "align_x4", "dc_x4", "wide", "deep"}
+    real = load_config(ROOT / "configs" / "qwen3-4b.yaml", ["init_from=/weights/qwen3-4b"])
+    rv = {x.name: x for x in experiment("levers", real).variants}
+    assert "wide" not in rv and "deep" not in rv
+    align = real.train.align
+    want = f"train.align.num_epochs={align.num_epochs * 4!r}" if align.num_epochs else \
+        f"train.align.num_steps={align.num_steps * 4}"
+    assert rv["align_x4"].overrides == (want,)
+    assert all("font" in o for o in larger_canvas_overrides(real))  # a canvas sized to the text: larger glyphs
+
+
+def test_report_measures_a_backbone_lever_against_its_own_baselines(tmp_path):
+    exp = experiment("levers", _tiny())
+    wide = "width x2 (hidden 256)"
+    acc = {"Direct-SFT": [0.10, 0.20], "CoT-SFT": [0.50, 0.60], "DLR-SFT": [0.30, 0.30],
+           f"Direct-SFT, {wide}": [0.20, 0.20], f"CoT-SFT, {wide}": [0.70, 0.80], f"DLR-SFT, {wide}": [0.45, 0.50]}
+    for s in range(2):
+        for m in exp.methods:
+            if m.label in acc:
+                _results(tmp_path, s, m, acc[m.label][s], 4.0, 10.0, 0.002)
+    res = report.build(exp, root=tmp_path, seeds=[0, 1], command="cmd", config=TINY, overrides=[], steps_done=1,
+                       steps_total=2)
+    gaps = res["gap_closed"]["synthetic"]
+    assert gaps["DLR-SFT"]["per_seed"] == pytest.approx([0.5, 0.25])
+    assert gaps[f"DLR-SFT, {wide}"]["per_seed"] == pytest.approx([0.25 / 0.5, 0.30 / 0.6])  # its own baselines
+    assert f"Direct-SFT, {wide}" not in gaps and "d_c x4 (256)" not in gaps  # a baseline; a row with no results
+    table = res["summary"]["synthetic"]
+    assert table[f"DLR-SFT, {wide}"]["p_vs_full"] == pytest.approx(
+        paired_t_test(acc[f"DLR-SFT, {wide}"], acc["DLR-SFT"])[1])
+    md = report.markdown(res)
+    assert f"DLR-SFT, {wide} 50 ± 0 % (of its own baselines' gap, Direct-SFT, {wide} → CoT-SFT, {wide})" in md
+
+
 def test_matched_baselines_train_the_text_sfts_on_dlr_sft_s_budget(tmp_path):
     # tiny: DLR-SFT's model trained 800 CoT-SFT + 100 align + 400 SFT steps of 32 examples
     exp = experiment("main", _tiny(), matched=True)
@@ -159,11 +220,12 @@ def test_steps_link_from_main_and_skip_what_is_done(tmp_path):
     exp = experiment("no_process_reward", _tiny())
     steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=["latent.source=codebook"], seeds=[0, 1])
     kinds = [(s.seed, s.variant, s.kind, s.stage) for s in steps]
-    assert kinds[:7] == [(0, "main", "train", st) for st in ("textsft", "codebook", "export", "align", "sft", "rl")] \
-        + [(0, "no_process_reward", "train", "rl")]
-    assert kinds[7:9] == [(0, "main", "evaluate", "rl"), (0, "no_process_reward", "evaluate", "rl")]
+    # each variant is evaluated as soon as it is trained: the table fills in during a long run
+    assert kinds[:9] == [(0, "main", "train", st) for st in ("textsft", "codebook", "export", "align", "sft", "rl")] \
+        + [(0, "main", "evaluate", "rl"), (0, "no_process_reward", "train", "rl"),
+           (0, "no_process_reward", "evaluate", "rl")]
     assert kinds[9][0] == 1 and len(steps) == 18
-    rl = steps[6]
+    rl = steps[7]
     assert "--set" in rl.argv and "rl.process_weight=0.0" in rl.argv and "run.seed=0" in rl.argv
     assert rl.argv.index("rl.process_weight=0.0") > rl.argv.index("latent.source=codebook")  # the variant wins
     assert dict(rl.links)[tmp_path / "seed0/no_process_reward/sft"] == tmp_path / "seed0/main/sft"
@@ -221,16 +283,16 @@ def test_run_steps_skips_done_links_and_reports_failures(tmp_path):
              Step(0, "main", "evaluate", "c", _writer(code=3), (c,), tmp_path / "main", log=logs / "c.log")]
     seen: list[int] = []
     msgs: list[str] = []
-    assert runner.run_steps(steps, after_seed=seen.append, out=msgs.append) == 3
+    assert runner.run_steps(steps, after_results=seen.append, out=msgs.append) == 3
     assert a.is_file() and b.is_file() and os.readlink(tmp_path / "v/a") == "../main/a"
     assert "FAILED (exit 3)" in msgs[-1] and "working" in msgs[-1] and seen == []
     # exit 0 without its outputs is a failure too; a rerun skips what is done
     steps[2] = Step(0, "main", "evaluate", "c", _writer(), (c,), tmp_path / "main", log=logs / "c.log")
     msgs.clear()
-    assert runner.run_steps(steps, after_seed=seen.append, out=msgs.append) == 1
+    assert runner.run_steps(steps, after_results=seen.append, out=msgs.append) == 1
     assert "done earlier" in msgs[0] and "done earlier" in msgs[1] and "is missing" in msgs[-1]
     steps[2] = Step(0, "main", "evaluate", "c", _writer(c), (c,), tmp_path / "main", log=logs / "c.log")
-    assert runner.run_steps(steps, after_seed=seen.append, out=msgs.append) == 0 and seen == [0]
+    assert runner.run_steps(steps, after_results=seen.append, out=msgs.append) == 0 and seen == [0]
     # a link over something else is refused, not replaced
     (tmp_path / "w").mkdir()
     (tmp_path / "w/a").mkdir()

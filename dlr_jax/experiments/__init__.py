@@ -11,6 +11,9 @@ The paper's comparisons as one resumable command. Experiments:
   k_sweep            codebook size K (--k-values; default K/4, K, 4K of the config), codebook onwards per K
   half_font          CoTs rendered at half the font size (smaller canvas, fewer visual tokens N)
   ablations          all of the above ablations in one table
+  levers             the small-scale levers against main's DLR-SFT, one change each: align x4, the sft dual
+                     branch off / weight x4, d_c x4, a larger canvas (more visual tokens N), width x2 and
+                     depth x2 (these two with their own Direct-SFT / CoT-SFT); RL on top is main's DLR-Full
 
 Layout: W/seed<s>/<variant>/ is an ordinary dlr_jax workdir per training seed and variant
 (`main` runs every stage; other variants link the stages they share with it and run the rest);
@@ -18,9 +21,10 @@ W/NAME/ holds results.json, table.md, the PNG plots and logs/ (one log per stage
 Each stage runs as `python -m dlr_jax.train ...` / `python -m dlr_jax.evaluate ...` in a subprocess;
 a command is skipped once its outputs exist and a stopped stage resumes, so rerunning the same
 command continues where it stopped. `--dry-run` prints every command (and whether it is done).
-The report (results.json, table.md, plots) is rewritten after each seed; `--report-only` rebuilds it
-from what exists. Seeds can run on several machines: `--seed-ids 1,2` runs only those seeds, and
-`--merge OTHER/NAME/results.json` folds another machine's seeds into this run's table.
+The report (results.json, table.md, plots) is rewritten as each variant's rows are evaluated;
+`--report-only` rebuilds it from what exists. Seeds can run on several machines: `--seed-ids 1,2`
+runs only those seeds, and `--merge OTHER/NAME/results.json` folds another machine's seeds into
+this run's table.
 
 Any backbone config works: `--config configs/qwen3-4b.yaml --set init_from=weights/qwen3-4b` is the
 full-scale run (its eval section's benchmarks become the table's benchmarks).
@@ -134,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(f"[experiments] {exp.name}: {len(exp.variants)} variant(s) x {len(seeds)} seed(s), {len(steps)} commands "
           f"({sum(s.is_done() for s in steps)} done); workdirs under {root}", flush=True)
-    rc = runner.run_steps(steps, after_seed=write_report, out=lambda s: print(s, flush=True))
+    rc = runner.run_steps(steps, after_results=write_report, out=lambda s: print(s, flush=True))
     if rc == 0:
         print((out_dir / "table.md").read_text(), flush=True)
     return rc

@@ -63,6 +63,9 @@ class Method:
     force_latents: int | None = None
     group: str = ""  # "k_sweep" / "forced_stop": the rows a plot draws
     x: float | None = None  # the swept value (K, n)
+    # the (Direct-SFT, CoT-SFT) rows whose gap this row's "share closed" is measured against: the levers
+    # that change the backbone (width, depth) bring their own baselines
+    baselines: tuple[str, str] = ("Direct-SFT", "CoT-SFT")
 
     @property
     def tag(self) -> str:
@@ -99,7 +102,8 @@ class Step:
         return shlex.join(self.argv)
 
 
-EXPERIMENTS = ("main", "no_align", "no_rl", "no_process_reward", "forced_stop", "k_sweep", "half_font", "ablations")
+EXPERIMENTS = ("main", "no_align", "no_rl", "no_process_reward", "forced_stop", "k_sweep", "half_font", "ablations",
+               "levers")
 
 
 def codebook_stages(cfg: Config) -> tuple[str, ...]:
@@ -169,6 +173,57 @@ def half_font_overrides(cfg: Config) -> tuple[str, ...]:
     return tuple(out)
 
 
+def larger_canvas_overrides(cfg: Config) -> tuple[str, ...]:
+    """More visual tokens per CoT: a fixed canvas (min_side == max_side) grows by 64 px (128 -> 192: N = 4 -> 9,
+    fonts unchanged, so glyphs that were shrunk to fit get their size back); a canvas sized to the text gets
+    glyphs 1.5x larger (the text covers 2.25x the area, so N grows about as much)."""
+    c = cfg.codebook
+    if c.min_side == c.max_side:
+        side = c.max_side + 64
+        return f"codebook.min_side={side}", f"codebook.max_side={side}"
+    return (f"codebook.font_mean={c.font_mean * 1.5:g}", f"codebook.font_std={c.font_std * 1.5:g}",
+            f"codebook.font_min={round(c.font_min * 1.5)}", f"codebook.font_max={round(c.font_max * 1.5)}")
+
+
+def _levers(cfg: Config) -> tuple[tuple[Variant, ...], tuple[Method, ...]]:
+    """One variant per small-scale lever of issue 16, each changing one thing of `main` and retraining from
+    the first stage it affects; a row per lever (its DLR-SFT), compared with main's DLR-SFT. Width and
+    depth change the backbone, so their variants train their own text baselines (rows of their own, and the
+    gap their DLR-SFT closes is measured between them); with `init_from` the backbone is fixed and they are
+    left out. The dual branch and the canvas only exist with the codebook's latents."""
+    cb, t, lat, m = codebook_stages(cfg), cfg.train, cfg.latent, cfg.model
+    align_key = ("train.align.num_epochs", t.align.num_epochs * 4) if t.align.num_epochs else \
+        ("train.align.num_steps", t.align.num_steps * 4)
+    variants = [Variant("align_x4", (f"{align_key[0]}={_number(align_key[1])}",), runs=("align", "sft"),
+                        reuse=("textsft", *cb))]
+    rows = [Method(f"align x4 ({_number(align_key[1])} {align_key[0].rsplit('_', 1)[-1]})", "align_x4", "sft")]
+    if cb:
+        variants += [Variant("dual_off", ("latent.dual_branch=off",), runs=("sft",), reuse=("textsft", *cb, "align")),
+                     Variant("dual_x4", (f"latent.dual_branch_weight={lat.dual_branch_weight * 4:g}",), runs=("sft",),
+                             reuse=("textsft", *cb, "align"))]
+        rows += [Method("dual branch off", "dual_off", "sft"),
+                 Method(f"dual-branch weight x4 ({lat.dual_branch_weight * 4:g})", "dual_x4", "sft")]
+    variants.append(Variant("dc_x4", (f"latent.latent_dim={lat.latent_dim * 4}",), runs=(*cb, "align", "sft"),
+                            reuse=("textsft",)))
+    rows.append(Method(f"d_c x4 ({lat.latent_dim * 4})", "dc_x4", "sft"))
+    if cb:
+        canvas = larger_canvas_overrides(cfg)
+        variants.append(Variant("canvas", canvas, runs=(*cb, "align", "sft"), reuse=("textsft",)))
+        what = (f"canvas {cfg.codebook.max_side + 64} px" if len(canvas) == 2 else "fonts x1.5")
+        rows.append(Method(f"{what} (more visual tokens N)", "canvas", "sft"))
+    if not cfg.init_from:
+        wide = (f"model.hidden_size={m.hidden_size * 2}", f"model.intermediate_size={m.intermediate_size * 2}",
+                f"model.num_heads={m.num_heads * 2}", f"model.num_kv_heads={m.num_kv_heads * 2}")  # head_dim kept
+        for name, over, what in (
+                ("wide", wide, f"width x2 (hidden {m.hidden_size * 2})"),
+                ("deep", (f"model.num_layers={m.num_layers * 2}",), f"depth x2 ({m.num_layers * 2} layers)")):
+            variants.append(Variant(name, over, runs=("textsft", "align", "sft"), reuse=cb))
+            base = (f"Direct-SFT, {what}", f"CoT-SFT, {what}")
+            rows += [Method(base[0], name, "textsft_direct"), Method(base[1], name, "textsft_cot"),
+                     Method(f"DLR-SFT, {what}", name, "sft", baselines=base)]
+    return tuple(variants), tuple(rows)
+
+
 def k_values(cfg: Config, given: Sequence[int] | None) -> tuple[int, ...]:
     """The K sweep: the config's K and K/4, 4K unless given; always including the config's K (that
     point is the main run's DLR-Full)."""
@@ -189,6 +244,13 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
     cb = codebook_stages(cfg)
     main = main_variant(cfg)
     full = Method(FULL, "main", "rl")
+    if name == "levers":
+        variants, rows = _levers(cfg)
+        return Experiment("levers", "the small-scale levers, one change of `main` each, against its DLR-SFT",
+                          (main, *variants),
+                          (Method("Direct-SFT", "main", "textsft_direct"), Method("CoT-SFT", "main", "textsft_cot"),
+                           Method("DLR-SFT", "main", "sft"), Method(f"{FULL} (RL on top)", "main", "rl"), *rows),
+                          full="DLR-SFT")
     if name == "main":
         variants, rows = (main,), (Method("Direct-SFT", "main", "textsft_direct"),
                                    Method("CoT-SFT", "main", "textsft_cot"))

@@ -282,7 +282,7 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
                   "wall_s_per_question: generation seconds / questions of each evaluation, the batch that "
                   "compiled included; warm_: only the batches that compiled nothing"],
         "methods": [{"label": m.label, "variant": m.variant, "stage": m.stage, "force_latents": m.force_latents,
-                     "group": m.group, "x": m.x,
+                     "group": m.group, "x": m.x, "baselines": list(m.baselines),
                      "per_seed": {str(s): r for s, r in per_seed[m.label].items() if r}} for m in exp.methods],
         "summary": summary,
         "reward_curves": curves,
@@ -290,8 +290,9 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
     }
     if merged:
         results["merged_from"] = merged
-    results["gap_closed"] = {b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
-                                 if (g := gap_closed(per_seed, b, lab)) is not None} for b in summary}
+    latent = [m for m in exp.methods if not m.stage.startswith("textsft")]  # every row but the text baselines
+    results["gap_closed"] = {b: {m.label: g for m in latent if (g := gap_closed(
+        per_seed, b, m.label, direct=m.baselines[0], cot=m.baselines[1])) is not None} for b in summary}
     if MATCHED_COT in per_seed:
         results["gap_closed_matched"] = {
             b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
@@ -352,8 +353,12 @@ def markdown(results: Mapping[str, Any]) -> str:
                 ("gap_closed_matched", "gap between the budget-matched baselines",
                  " (DLR-Full adds its GRPO steps to DLR-SFT's budget)")):
             if gaps := results.get(key, {}).get(b, {}):
+                own = {m["label"]: " → ".join(m["baselines"]) for m in results["methods"]
+                       if m.get("baselines", ["Direct-SFT"])[0] != "Direct-SFT"}
                 lines += ["", f"Share of the {what} closed (per seed, then mean ± std): " + "; ".join(
-                    f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %" for lab, g in gaps.items())
+                    f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %"
+                    + (f" (of its own baselines' gap, {own[lab]})" if lab in own and
+                       key == "gap_closed" else "") for lab, g in gaps.items())
                     + (after if "DLR-Full" in gaps else "") + "."]
         for c in results.get("cost", {}).get(b, []):
             if c["vs"] != full:

@@ -30,11 +30,16 @@ def seed_dir(root: Path, seed: int) -> Path:
 
 def build_steps(exp: Experiment, *, root: Path, config: str, overrides: Sequence[str], seeds: Sequence[int],
                 python: str = sys.executable) -> list[Step]:
-    """Every command of the experiment, seed by seed: each variant's training commands (main first, the
-    others link from it), then the evaluations of that seed's table rows."""
+    """Every command of the experiment, seed by seed and variant by variant: a variant's training commands
+    (main first, the others link from it), then the evaluations of its table rows, so a long run's table
+    fills in as each variant finishes."""
     logs = root / exp.name / "logs"
     steps: list[Step] = []
-    variants = {v.name: v for v in exp.variants}
+    names = {v.name for v in exp.variants}
+    for m in exp.methods:
+        if m.variant not in names:
+            raise ValueError(f"method {m.label!r} reads variant {m.variant!r}, which the experiment does not train")
+    evals = [o for o in overrides if o.startswith(EVAL_PREFIXES)]
     for s in seeds:
         base = seed_dir(root, s) / "main"
         for v in exp.variants:
@@ -54,20 +59,16 @@ def build_steps(exp: Experiment, *, root: Path, config: str, overrides: Sequence
                 steps.append(Step(s, v.name, "train", stage, tuple(argv),
                                   tuple(w / d / "final" / "meta.json" for d in v.done_dirs(stage)), w, tuple(links),
                                   logs / f"seed{s}_{v.name}_{stage}.log"))
-        evals = [o for o in overrides if o.startswith(EVAL_PREFIXES)]
-        for m in exp.methods:
-            if m.variant not in variants:
-                raise ValueError(f"method {m.label!r} reads variant {m.variant!r}, which the experiment does not train")
-            w = seed_dir(root, s) / m.variant
-            argv = [python, "-m", "dlr_jax.evaluate", "--workdir", str(w), "--stage", m.stage, "--no-progress"]
-            if m.force_latents is not None:
-                argv += ["--force-latents", str(m.force_latents), "--tag", m.tag]
-            for o in evals:
-                argv += ["--set", o]
-            name = f"results_{m.tag}.json" if m.tag else "results.json"
-            steps.append(Step(s, m.variant, "evaluate", m.stage + (f":{m.tag}" if m.tag else ""), tuple(argv),
-                              (w / m.stage / "eval" / name,), w,
-                              log=logs / f"seed{s}_{m.variant}_eval_{m.stage}{'_' + m.tag if m.tag else ''}.log"))
+            for m in (m for m in exp.methods if m.variant == v.name):
+                argv = [python, "-m", "dlr_jax.evaluate", "--workdir", str(w), "--stage", m.stage, "--no-progress"]
+                if m.force_latents is not None:
+                    argv += ["--force-latents", str(m.force_latents), "--tag", m.tag]
+                for o in evals:
+                    argv += ["--set", o]
+                name = f"results_{m.tag}.json" if m.tag else "results.json"
+                steps.append(Step(s, m.variant, "evaluate", m.stage + (f":{m.tag}" if m.tag else ""), tuple(argv),
+                                  (w / m.stage / "eval" / name,), w,
+                                  log=logs / f"seed{s}_{m.variant}_eval_{m.stage}{'_' + m.tag if m.tag else ''}.log"))
     return _dedupe(steps)
 
 
@@ -127,11 +128,12 @@ def _tail(path: Path, n: int = 30) -> str:
         return ""
 
 
-def run_steps(steps: Sequence[Step], *, after_seed: Callable[[int], None] | None = None,
+def run_steps(steps: Sequence[Step], *, after_results: Callable[[int], None] | None = None,
               out: Callable[[str], None] = print) -> int:
     """Runs every step that is not done, in order; returns 0, or the failing command's exit code
     (143 when stopped by SIGTERM/SIGINT: the running stage saved a checkpoint; rerun to resume).
-    `after_seed(s)` runs when the last step of seed s is done (the report is rewritten then)."""
+    `after_results(s)` runs after the evaluations of each variant of seed s and at the end of the seed
+    (the report is rewritten then)."""
     child: list[subprocess.Popen] = []
     stopping: list[int] = []
 
@@ -173,8 +175,9 @@ def run_steps(steps: Sequence[Step], *, after_seed: Callable[[int], None] | None
             else:
                 out(f"{head}: done earlier, skipping")
             last_of_seed = i == len(steps) or steps[i].seed != st.seed
-            if last_of_seed and after_seed is not None:
-                after_seed(st.seed)
+            evaluated = st.kind == "evaluate" and (last_of_seed or steps[i].kind != "evaluate")
+            if (last_of_seed or evaluated) and after_results is not None:
+                after_results(st.seed)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
