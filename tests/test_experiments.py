@@ -135,7 +135,8 @@ def test_levers_change_one_thing_of_main_each_and_train_from_the_first_stage_it_
     rows = {m.label: m for m in exp.methods}
     assert rows["DLR-SFT, width x2 (hidden 256)"].baselines == ("Direct-SFT, width x2 (hidden 256)",
                                                                   "CoT-SFT, width x2 (hidden 256)")
-    assert rows["d_c x4 (256)"].baselines == ("Direct-SFT", "CoT-SFT") and rows["d_c x4 (256)"].stage == "sft"
+    dc = rows["d_c x4 (256 and the flow)"]  # flow_hidden 0: the flow is d_c wide
+    assert dc.baselines == ("Direct-SFT", "CoT-SFT") and dc.stage == "sft"
     assert rows["DLR-Full (RL on top)"].variant == "main" and rows["DLR-Full (RL on top)"].stage == "rl"
     steps = runner.build_steps(exp, root=Path("/w"), config=TINY, overrides=[], seeds=[0])
     wide = [(st.kind, st.stage) for st in steps if st.variant == "wide"]
@@ -152,6 +153,12 @@ def test_levers_change_one_thing_of_main_each_and_train_from_the_first_stage_it_
         f"train.align.num_steps={align.num_steps * 4}"
     assert rv["align_x4"].overrides == (want,)
     assert all("font" in o for o in larger_canvas_overrides(real))  # a canvas sized to the text: larger glyphs
+    # a pretrained DeepSeek-OCR-2 codebook fixes d_c and N and has no dual branch; a query table too small
+    # for the larger canvas drops that lever (the stage would refuse it after main had trained)
+    ocr2 = load_config(ROOT / "configs" / "codebook-ocr2.yaml", ["codebook.init_from=/weights/ocr2"])
+    assert {x.name for x in experiment("levers", ocr2).variants} == {"main", "align_x4", "wide", "deep"}
+    few = {x.name for x in experiment("levers", _tiny("codebook.num_queries=4")).variants}
+    assert "canvas" not in few and "dc_x4" in few
 
 
 def test_report_measures_a_backbone_lever_against_its_own_baselines(tmp_path):
@@ -168,10 +175,12 @@ def test_report_measures_a_backbone_lever_against_its_own_baselines(tmp_path):
     gaps = res["gap_closed"]["synthetic"]
     assert gaps["DLR-SFT"]["per_seed"] == pytest.approx([0.5, 0.25])
     assert gaps[f"DLR-SFT, {wide}"]["per_seed"] == pytest.approx([0.25 / 0.5, 0.30 / 0.6])  # its own baselines
-    assert f"Direct-SFT, {wide}" not in gaps and "d_c x4 (256)" not in gaps  # a baseline; a row with no results
+    assert f"Direct-SFT, {wide}" not in gaps and "d_c x4 (256 and the flow)" not in gaps  # baseline; no results
     table = res["summary"]["synthetic"]
     assert table[f"DLR-SFT, {wide}"]["p_vs_full"] == pytest.approx(
         paired_t_test(acc[f"DLR-SFT, {wide}"], acc["DLR-SFT"])[1])
+    cost = {c["vs"]: c for c in res["cost"]["synthetic"]}  # latent rows only, each against its own CoT-SFT
+    assert set(cost) == {"DLR-SFT", f"DLR-SFT, {wide}"}
     md = report.markdown(res)
     assert f"DLR-SFT, {wide} 50 ± 0 % (of its own baselines' gap, Direct-SFT, {wide} → CoT-SFT, {wide})" in md
 

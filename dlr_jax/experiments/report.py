@@ -22,7 +22,6 @@ from dlr_jax.machine import cpu_model
 from dlr_jax.workdir import final_dir, stage_dir, workdir_config
 
 FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")
-TEXT_BASELINES = ("Direct-SFT", "CoT-SFT", MATCHED_DIRECT, MATCHED_COT)
 
 
 def has_matched_baselines(exp: Experiment) -> bool:
@@ -180,17 +179,16 @@ def gap_closed(per_seed: Mapping[str, Mapping[int, Any]], bench: str, label: str
     return {"mean": mu, "std": sd, "per_seed": vals}
 
 
-def cost(table: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """CoT-SFT vs every latent row on the same backbone: ratios of mean #L, generated tokens and wall
-    seconds per question (warm, i.e. without the batch that compiled, when measured)."""
-    cot = table.get("CoT-SFT")
-    if not cot:
-        return []
+def cost(table: Mapping[str, Any], methods: Sequence[Method]) -> list[dict[str, Any]]:
+    """Each latent row vs the CoT-SFT of its own backbone (`Method.baselines`): ratios of mean #L,
+    generated tokens and wall seconds per question (warm, i.e. without the batch that compiled, when
+    measured)."""
     out = []
-    for label, row in table.items():
-        if label in TEXT_BASELINES:
+    for m in methods:
+        row, cot = table.get(m.label), table.get(m.baselines[1])
+        if m.stage.startswith("textsft") or not row or not cot:
             continue
-        item: dict[str, Any] = {"vs": label}
+        item: dict[str, Any] = {"vs": m.label}
         for k in ("L", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question"):
             if k in row and k in cot and row[k]["mean"] > 0:
                 item[f"{k}_ratio"] = cot[k]["mean"] / row[k]["mean"]
@@ -298,7 +296,7 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
             b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
                 if (g := gap_closed(per_seed, b, lab, direct=MATCHED_DIRECT, cot=MATCHED_COT)) is not None}
             for b in summary}
-    results["cost"] = {b: cost(t) for b, t in summary.items()}
+    results["cost"] = {b: cost(t, exp.methods) for b, t in summary.items()}
     return results
 
 

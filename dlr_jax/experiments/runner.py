@@ -144,10 +144,12 @@ def run_steps(steps: Sequence[Step], *, after_results: Callable[[int], None] | N
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     t_start = time.perf_counter()
+    ran = False  # since the last report
     try:
         for i, st in enumerate(steps, 1):
             head = f"[experiments {i}/{len(steps)}] seed {st.seed} {st.variant}: {st.kind} {st.stage}"
             if not st.is_done():
+                ran = True
                 make_links(st)
                 assert st.log is not None
                 st.log.parent.mkdir(parents=True, exist_ok=True)
@@ -175,9 +177,10 @@ def run_steps(steps: Sequence[Step], *, after_results: Callable[[int], None] | N
             else:
                 out(f"{head}: done earlier, skipping")
             last_of_seed = i == len(steps) or steps[i].seed != st.seed
-            evaluated = st.kind == "evaluate" and (last_of_seed or steps[i].kind != "evaluate")
+            evaluated = ran and st.kind == "evaluate" and (last_of_seed or steps[i].kind != "evaluate")
             if (last_of_seed or evaluated) and after_results is not None:
                 after_results(st.seed)
+                ran = False
     finally:
         for s, h in old.items():
             signal.signal(s, h)
