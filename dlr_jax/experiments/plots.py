@@ -52,8 +52,9 @@ def sweep_plot(results: Mapping[str, Any], bench: str, group: str, path: Path, *
     ax.set_xticklabels([f"{x:g}" for x in xs])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"Pass@1 on {bench} (%)")
-    seeds = max(len(r["seeds"]) for _, r in pts)
-    return _save(plt, fig, ax, path, f"{results['experiment']}: mean ± std over {seeds} seed(s)")
+    counts = sorted({len(r["seeds"]) for _, r in pts})  # a sweep still running has points of fewer seeds
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return _save(plt, fig, ax, path, f"{results['experiment']}: mean ± std over {seeds} seed(s) a point")
 
 
 def reward_plot(results: Mapping[str, Any], path: Path, variant: str = "main") -> bool:
