@@ -68,6 +68,10 @@ class Method:
     baselines: tuple[str, str] = ("Direct-SFT", "CoT-SFT")
 
     @property
+    def is_text_baseline(self) -> bool:  # Direct-SFT / CoT-SFT rows: no latents, no gap or cost of their own
+        return self.stage.startswith("textsft")
+
+    @property
     def tag(self) -> str:
         return "" if self.force_latents is None else f"n{self.force_latents}"
 

@@ -186,7 +186,7 @@ def cost(table: Mapping[str, Any], methods: Sequence[Method]) -> list[dict[str, 
     out = []
     for m in methods:
         row, cot = table.get(m.label), table.get(m.baselines[1])
-        if m.stage.startswith("textsft") or not row or not cot:
+        if m.is_text_baseline or not row or not cot:
             continue
         item: dict[str, Any] = {"vs": m.label}
         for k in ("L", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question"):
@@ -288,7 +288,7 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
     }
     if merged:
         results["merged_from"] = merged
-    latent = [m for m in exp.methods if not m.stage.startswith("textsft")]  # every row but the text baselines
+    latent = [m for m in exp.methods if not m.is_text_baseline]
     results["gap_closed"] = {b: {m.label: g for m in latent if (g := gap_closed(
         per_seed, b, m.label, direct=m.baselines[0], cot=m.baselines[1])) is not None} for b in summary}
     if MATCHED_COT in per_seed:
@@ -327,6 +327,8 @@ def markdown(results: Mapping[str, Any]) -> str:
         lines.insert(len(lines) - 1, f"Seeds {m['seeds']} from `{m['path']}` (steps done {st.get('steps_done', '?')} "
                                      f"of {st.get('steps_total', '?')} there): `{m['command']}` on {m['machine']}, "
                                      f"{m['date']}")
+    own = {m["label"]: " → ".join(m["baselines"]) for m in results["methods"]  # rows with baselines of their own
+           if m.get("baselines", ["Direct-SFT"])[0] != "Direct-SFT"}
     for b, table in results["summary"].items():
         lines += [f"Benchmark `{b}`; Pass@1 mean ± std over training seeds (population std), p = paired t-test "
                   f"vs {full} over seeds.", "",
@@ -351,8 +353,6 @@ def markdown(results: Mapping[str, Any]) -> str:
                 ("gap_closed_matched", "gap between the budget-matched baselines",
                  " (DLR-Full adds its GRPO steps to DLR-SFT's budget)")):
             if gaps := results.get(key, {}).get(b, {}):
-                own = {m["label"]: " → ".join(m["baselines"]) for m in results["methods"]
-                       if m.get("baselines", ["Direct-SFT"])[0] != "Direct-SFT"}
                 lines += ["", f"Share of the {what} closed (per seed, then mean ± std): " + "; ".join(
                     f"{lab} {100 * g['mean']:.0f} ± {100 * g['std']:.0f} %"
                     + (f" (of its own baselines' gap, {own[lab]})" if lab in own and
