@@ -121,7 +121,10 @@ def test_levers_change_one_thing_of_main_each_and_train_from_the_first_stage_it_
     exp = experiment("levers", cfg)
     assert exp.full == "DLR-SFT"
     v = {x.name: x for x in exp.variants}
-    assert list(v) == ["main", "align_x4", "dual_off", "dual_x4", "dc_x4", "canvas", "wide", "deep"]
+    assert list(v) == ["main", "align_x4", "dual_off", "dual_x4", "dc_x4", "canvas", "rl_lr_div10", "wide", "deep"]
+    assert v["rl_lr_div10"].runs == ("rl",) and v["rl_lr_div10"].reuse == ("textsft", "codebook", "export", "align",
+                                                                           "sft")
+    assert v["rl_lr_div10"].overrides == (f"train.rl.learning_rate={cfg.train.rl.learning_rate / 10:g}",)
     assert v["align_x4"].overrides == ("train.align.num_steps=400",) and v["align_x4"].runs == ("align", "sft")
     assert v["align_x4"].reuse == ("textsft", "codebook", "export")
     assert v["dual_off"].runs == v["dual_x4"].runs == ("sft",) and "align" in v["dual_x4"].reuse
@@ -144,7 +147,7 @@ def test_levers_change_one_thing_of_main_each_and_train_from_the_first_stage_it_
                     ("evaluate", "textsft_cot"), ("evaluate", "sft")]
     # no image without the codebook: no dual branch or canvas levers; a fixed backbone: no width / depth
     rnd = {x.name for x in experiment("levers", load_config(TINY, ["latent.source=random"])).variants}
-    assert rnd == {"main", "align_x4", "dc_x4", "wide", "deep"}
+    assert rnd == {"main", "align_x4", "dc_x4", "rl_lr_div10", "wide", "deep"}
     real = load_config(ROOT / "configs" / "qwen3-4b.yaml", ["init_from=/weights/qwen3-4b"])
     rv = {x.name: x for x in experiment("levers", real).variants}
     assert "wide" not in rv and "deep" not in rv
@@ -156,7 +159,7 @@ def test_levers_change_one_thing_of_main_each_and_train_from_the_first_stage_it_
     # a pretrained DeepSeek-OCR-2 codebook fixes d_c and N and has no dual branch; a query table too small
     # for the larger canvas drops that lever (the stage would refuse it after main had trained)
     ocr2 = load_config(ROOT / "configs" / "codebook-ocr2.yaml", ["codebook.init_from=/weights/ocr2"])
-    assert {x.name for x in experiment("levers", ocr2).variants} == {"main", "align_x4", "wide", "deep"}
+    assert {x.name for x in experiment("levers", ocr2).variants} == {"main", "align_x4", "rl_lr_div10", "wide", "deep"}
     few = {x.name for x in experiment("levers", _tiny("codebook.num_queries=4")).variants}
     assert "canvas" not in few and "dc_x4" in few
 

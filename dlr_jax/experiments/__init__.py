@@ -13,7 +13,8 @@ The paper's comparisons as one resumable command. Experiments:
   ablations          all of the above ablations in one table
   levers             the small-scale levers against main's DLR-SFT, one change each: align x4, the sft dual
                      branch off / weight x4, d_c x4, a larger canvas (more visual tokens N), width x2 and
-                     depth x2 (these two with their own Direct-SFT / CoT-SFT); RL on top is main's DLR-Full
+                     depth x2 (these two with their own Direct-SFT / CoT-SFT); RL on top is main's DLR-Full,
+                     and again at a tenth of the RL learning rate (rl alone)
 
 Layout: W/seed<s>/<variant>/ is an ordinary dlr_jax workdir per training seed and variant
 (`main` runs every stage; other variants link the stages they share with it and run the rest);
