@@ -278,6 +278,20 @@ def test_k3_is_nonnegative_and_zero_at_equality():
     assert float(jnp.max(jnp.abs(k3_kl(x, x)))) == 0.0
 
 
+def test_k3_stays_finite_for_a_token_pushed_far_below_the_reference():
+    # seed 4 of the half-font recipe: after three updates a malformed rollout's token sat at -115 nats against
+    # the reference's -3.3, exp(111.8) overflowed and RL stopped with an inf loss
+    logp = jnp.asarray([[-115.07, -2.0, -1.0]], jnp.float32)
+    ref = jnp.asarray([[-3.29, -2.5, -0.4]], jnp.float32)
+    kl = np.asarray(k3_kl(logp, ref))
+    assert np.isfinite(kl).all()
+    d = np.asarray(ref - logp)[0, 1:]  # ordinary tokens: the exact estimator
+    np.testing.assert_allclose(kl[0, 1:], np.exp(d) - d - 1.0, rtol=1e-6)
+    adv, mask = jnp.asarray([-2.47]), jnp.ones((1, 3), jnp.float32)
+    loss, grads = jax.value_and_grad(lambda lp: grpo_loss(lp, logp, ref, adv, mask, beta=1e-3)[0])(logp)
+    assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grads)).all()
+
+
 def _np_advantages(r, g, scale, eps=1e-4):
     grp = r.reshape(-1, g)
     centred = grp - grp.mean(1, keepdims=True)
