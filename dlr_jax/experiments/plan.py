@@ -226,7 +226,7 @@ def _levers(cfg: Config) -> tuple[tuple[Variant, ...], tuple[Method, ...]]:
         rows.append(Method(f"{what} (more visual tokens N)", "canvas", "sft"))
     # RL on top at a tenth of the learning rate: on the tiny task the default rate's updates overfit the
     # prompt pool (its reward rises while held-out Pass@1 falls); this row asks whether a gentler RL keeps
-    # or adds to DLR-SFT (BENCHMARKS.md, "RL on top")
+    # or adds to DLR-SFT (BENCHMARKS.md, "Why RL lowers greedy accuracy")
     lr = t.rl.learning_rate / 10
     variants.append(Variant("rl_lr_div10", (f"train.rl.learning_rate={lr:g}",), runs=("rl",),
                             reuse=("textsft", *cb, "align", "sft")))
