@@ -68,7 +68,8 @@ from dlr_jax.tokens import Tokenizer
 from dlr_jax.workdir import stage_dir, workdir_config
 
 MODES = ("latent", "cot", "direct")
-STAGE_MODES = {"textsft_cot": "cot", "textsft_direct": "direct", "textsft": "cot"}  # others: latent
+STAGE_MODES = {"textsft_cot": "cot", "textsft_direct": "direct", "textsft_direct_from_cot": "direct",
+               "textsft": "cot"}  # others: latent
 MULTIARITH_SUBSET = "test_180"
 
 
@@ -440,13 +441,13 @@ def build_parser() -> argparse.ArgumentParser:
                    "per benchmark; with --stage, --tag and --out (see dlr_jax/eval_aggregate.py)")
     p.add_argument("--out", help="with --aggregate: also write the combined JSON here")
     p.add_argument("--stage", required=True,
-                   help="stage to evaluate: textsft_cot, textsft_direct, align, sft or rl")
+                   help="stage to evaluate: textsft_cot, textsft_direct, textsft_direct_from_cot, align, sft or rl")
     p.add_argument("--benchmarks", help="comma-separated benchmark names (default: eval.benchmarks)")
     p.add_argument("--seeds", type=int, help="seeds (sampling runs) per benchmark (default: eval.seeds)")
     p.add_argument("--limit", type=int, help="only the first N examples of each benchmark (0 = all)")
     p.add_argument("--mode", choices=MODES,
                    help="latent (dynamic latent decoding), cot or direct; default from the stage "
-                   "(textsft_cot -> cot, textsft_direct -> direct, else latent)")
+                   "(textsft_cot -> cot, textsft_direct[_from_cot] -> direct, else latent)")
     p.add_argument("--max-latents", type=int, help="cap on latents in dynamic decoding (eval.max_latents)")
     p.add_argument("--force-latents", type=int, metavar="N",
                    help="forced early stop: </latent> right after N latents (replaces the cap)")

@@ -3,7 +3,7 @@
 Stages (DESIGN.md §1–3), each reading the previous stage's final checkpoint from the same workdir:
   codebook  render CoTs, train encoder + VQ + OCR decoder            (issue: codebook)
   export    write latents/<split>.jsonl with each example's latent ids (issue: codebook)
-  textsft   text-only baselines: CoT-SFT and Direct-SFT (--mode cot|direct|both)
+  textsft   text-only baselines: CoT-SFT and Direct-SFT (--mode cot|direct|both; direct_from_cot: a control)
   align     backbone frozen, train the latent projectors on [z ; y]
   sft       [x ; <latent> z </latent> <answer> a </answer>], everything trains
   rl        latent GRPO                                             (issue: latent GRPO)
@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="override a config value, e.g. --set train.sft.learning_rate=3e-4 (repeatable)",
     )
-    ap.add_argument("--mode", default="both", choices=("cot", "direct", "both"), help="textsft variant(s)")
+    ap.add_argument("--mode", default="both", choices=("cot", "direct", "both", "direct_from_cot"),
+                    help="textsft variant(s): cot = CoT-SFT, direct = Direct-SFT, both; direct_from_cot = a control, "
+                         "Direct-SFT (train.textsft_direct settings) starting from this workdir's CoT-SFT model")
     ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: config)")
     args = ap.parse_args(argv)
     if not args.print_config and (args.stage is None or args.workdir is None):

@@ -42,6 +42,7 @@ from dlr_jax.config import Config, ConfigError, load_config, to_dict
 STAGE_DIRS = {
     "textsft_cot": "textsft_cot",
     "textsft_direct": "textsft_direct",
+    "textsft_direct_from_cot": "textsft_direct_from_cot",
     "align": "align",
     "sft": "sft",
     "rl": "rl",

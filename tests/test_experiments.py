@@ -18,6 +18,7 @@ from dlr_jax.config import load_config
 from dlr_jax.experiments import main as cli_main
 from dlr_jax.experiments import plots, report, runner
 from dlr_jax.experiments.plan import (
+    DIRECT_FROM_COT,
     MATCHED_COT,
     MATCHED_DIRECT,
     Method,
@@ -191,8 +192,23 @@ def test_report_measures_a_backbone_lever_against_its_own_baselines(tmp_path):
 def test_matched_baselines_train_the_text_sfts_on_dlr_sft_s_budget(tmp_path):
     # tiny: DLR-SFT's model trained 800 CoT-SFT + 100 align + 400 SFT steps of 32 examples
     exp = experiment("main", _tiny(), matched=True)
-    assert [m.label for m in exp.methods] == ["Direct-SFT", "CoT-SFT", MATCHED_DIRECT, MATCHED_COT, "DLR-SFT",
-                                              "DLR-Full"]
+    assert [m.label for m in exp.methods] == ["Direct-SFT", "CoT-SFT", MATCHED_DIRECT, MATCHED_COT, DIRECT_FROM_COT,
+                                              "DLR-SFT", "DLR-Full"]
+    # the control: Direct-SFT from the seed's CoT-SFT model for the align + SFT examples (100 + 400 steps of 32)
+    ctl = exp.variants[2]
+    assert (ctl.name, ctl.runs, ctl.reuse, ctl.textsft_mode) == ("direct_from_cot", ("textsft",), ("textsft",),
+                                                                 "direct_from_cot")
+    assert ctl.overrides == ("train.textsft_direct.num_steps=500", "train.textsft_direct.num_epochs=0")
+    steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=[], seeds=[0])
+    (train,) = [s for s in steps if s.variant == "direct_from_cot" and s.kind == "train"]
+    assert train.argv[train.argv.index("--mode") + 1] == "direct_from_cot"
+    assert [f.parent.parent.name for f in train.done_files] == ["textsft_direct_from_cot"]
+    assert tmp_path / "seed0/direct_from_cot/textsft_cot" in dict(train.links)  # the CoT-SFT model it starts from
+    (ev,) = [s for s in steps if s.variant == "direct_from_cot" and s.kind == "evaluate"]
+    assert ev.argv[ev.argv.index("--stage") + 1] == "textsft_direct_from_cot"
+    # with init_from DLR-SFT starts from the checkpoint, not from CoT-SFT: no control
+    real = load_config(ROOT / "configs" / "qwen3-4b.yaml", ["init_from=weights/qwen3-4b"])
+    assert DIRECT_FROM_COT not in [m.label for m in experiment("main", real, matched=True).methods]
     v = exp.variants[1]
     assert (v.name, v.runs, v.reuse, v.link_tokenizer, v.textsft_mode) == ("matched", ("textsft",), (), True, "both")
     assert v.overrides == ("train.textsft.num_steps=1300", "train.textsft.num_epochs=0",
@@ -372,7 +388,7 @@ def test_report_table_gap_cost_and_plots(tmp_path):
 def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
     exp = experiment("main", _tiny(), matched=True)
     acc = {"Direct-SFT": [0.08, 0.10], "CoT-SFT": [0.50, 0.46], MATCHED_DIRECT: [0.30, 0.32],
-           MATCHED_COT: [0.90, 0.94], "DLR-SFT": [0.36, 0.40], "DLR-Full": [0.30, 0.28]}
+           MATCHED_COT: [0.90, 0.94], DIRECT_FROM_COT: [0.35, 0.36], "DLR-SFT": [0.36, 0.40], "DLR-Full": [0.30, 0.28]}
     for s in range(2):
         for m in exp.methods:
             cot = "CoT" in m.label
@@ -398,6 +414,11 @@ def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
     assert "(DLR-Full adds its GRPO steps to DLR-SFT's budget)" in md
     assert "Direct-SFT → CoT-SFT gap (baselines of the config's own length) closed" in md
     assert "budgets differ" not in md  # the matched rows are the fair comparison the warning asks for
+    # the control: DLR-SFT minus Direct-SFT from CoT-SFT, paired over seeds
+    d = res["dlr_sft_vs_direct_from_cot"]["synthetic"]
+    assert d["per_seed"] == pytest.approx([0.01, 0.04])
+    assert d["p"] == pytest.approx(paired_t_test(acc["DLR-SFT"], acc[DIRECT_FROM_COT])[1])
+    assert f"DLR-SFT minus {DIRECT_FROM_COT} (the same CoT-SFT start" in md and "+2.5 ± 1.5 points over 2 seeds" in md
     # one table, one set of rows: a run with the matched rows does not fold in a run without them, nor back
     assert res["matched_baselines"] is True
     plain = report.build(experiment("main", _tiny()), root=tmp_path, seeds=[0], command="cmd", config=TINY,

@@ -30,11 +30,13 @@ DONE_DIRS = {"textsft": ("textsft_cot", "textsft_direct"), "codebook": ("codeboo
 # What a variant links when it reuses a stage: its done dirs plus the files later stages read.
 PRODUCTS = {**DONE_DIRS, "export": ("export", "latents")}
 # The text-SFT directories `--stage textsft --mode M` finishes.
-TEXTSFT_DIRS = {"both": ("textsft_cot", "textsft_direct"), "cot": ("textsft_cot",), "direct": ("textsft_direct",)}
+TEXTSFT_DIRS = {"both": ("textsft_cot", "textsft_direct"), "cot": ("textsft_cot",), "direct": ("textsft_direct",),
+                "direct_from_cot": ("textsft_direct_from_cot",)}
 FULL = "DLR-Full"
 # `main --matched-baselines`: the text baselines retrained on as many examples as DLR-SFT's model saw.
 MATCHED_DIRECT = "Direct-SFT, matched budget"
 MATCHED_COT = "CoT-SFT, matched budget"
+DIRECT_FROM_COT = "Direct-SFT from CoT-SFT, matched budget"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +166,24 @@ def matched_variant(cfg: Config) -> tuple[Variant, tuple[Method, ...]]:
     return v, (direct, Method(MATCHED_COT, "matched", "textsft_cot"))
 
 
+def direct_from_cot_variant(cfg: Config) -> tuple[Variant, Method] | None:
+    """The control for DLR-SFT's start: Direct-SFT trained from the seed's CoT-SFT model (textsft --mode
+    direct_from_cot) on as many examples as DLR-SFT's model saw after CoT-SFT (align + SFT, counted as in
+    `matched_budget`). DLR-SFT minus this row is what the latent tokens add beyond starting from a CoT-SFT model
+    and training that long. None with `init_from`: there DLR-SFT starts from the checkpoint, not from CoT-SFT."""
+    if cfg.init_from:
+        return None
+    t = cfg.train
+    chain = (t.align, t.sft)
+    if all(c.num_epochs == 0 for c in chain):
+        steps = math.ceil(sum(c.num_steps * c.batch_size for c in chain) / t.textsft_direct.batch_size)
+        over: tuple[str, ...] = (f"train.textsft_direct.num_steps={steps}", "train.textsft_direct.num_epochs=0")
+    else:  # matched_budget has refused mixed units already
+        over = (f"train.textsft_direct.num_epochs={_number(sum(c.num_epochs for c in chain))}",)
+    v = Variant("direct_from_cot", over, runs=("textsft",), reuse=("textsft",), textsft_mode="direct_from_cot")
+    return v, Method(DIRECT_FROM_COT, "direct_from_cot", "textsft_direct_from_cot")
+
+
 def half_font_overrides(cfg: Config) -> tuple[str, ...]:
     """Glyphs at half the size: the same text fills a quarter of the area, so the canvas (and N =
     (side/64)^2) shrinks. With a fixed canvas (min_side == max_side, as configs/tiny.yaml) the side is
@@ -277,6 +297,9 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
         if matched:
             v, extra = matched_variant(cfg)
             variants, rows = (main, v), (*rows, *extra)
+            control = direct_from_cot_variant(cfg)
+            if control is not None:
+                variants, rows = (*variants, control[0]), (*rows, control[1])
         return Experiment("main", "Direct-SFT, CoT-SFT, DLR-SFT and DLR-Full (= DLR-SFT + latent GRPO) on one "
                           "backbone" + (", and the text baselines on DLR-SFT's training budget" if matched else ""),
                           variants, (*rows, Method("DLR-SFT", "main", "sft"), full))

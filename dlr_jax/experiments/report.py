@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.config import dump_config
-from dlr_jax.experiments.plan import MATCHED_COT, MATCHED_DIRECT, Experiment, Method
+from dlr_jax.experiments.plan import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT, Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
 from dlr_jax.machine import cpu_model
@@ -51,8 +51,10 @@ def read_method(root: Path, seed: int, m: Method) -> dict[str, dict[str, Any]] |
 # The stages a method's model was trained through, in order: from-scratch configs start the latent
 # stages from the CoT-SFT model; with `init_from` they (and both text SFTs) start from the checkpoint.
 LINEAGE = {"textsft_direct": ("textsft_direct",), "textsft_cot": ("textsft_cot",), "align": ("textsft_cot", "align"),
-           "sft": ("textsft_cot", "align", "sft"), "rl": ("textsft_cot", "align", "sft", "rl")}
-STEP_NAMES = {"textsft_direct": "Direct-SFT", "textsft_cot": "CoT-SFT", "align": "align", "sft": "SFT", "rl": "GRPO"}
+           "sft": ("textsft_cot", "align", "sft"), "rl": ("textsft_cot", "align", "sft", "rl"),
+           "textsft_direct_from_cot": ("textsft_cot", "textsft_direct_from_cot")}
+STEP_NAMES = {"textsft_direct": "Direct-SFT", "textsft_cot": "CoT-SFT", "align": "align", "sft": "SFT", "rl": "GRPO",
+              "textsft_direct_from_cot": "Direct-SFT"}
 
 
 def stage_steps(workdir: Path, stage: str) -> int | None:
@@ -179,6 +181,21 @@ def gap_closed(per_seed: Mapping[str, Mapping[int, Any]], bench: str, label: str
     return {"mean": mu, "std": sd, "per_seed": vals}
 
 
+def paired_difference(per_seed: Mapping[str, Mapping[int, Any]], bench: str, a: str, b: str) -> dict[str, Any] | None:
+    """Pass@1 of row a minus row b over the seeds both have: mean ± std of the per-seed differences and the
+    paired t-test; None without both rows."""
+    if a not in per_seed or b not in per_seed:
+        return None
+    pairs = [(ra[bench]["pass_at_1"], rb[bench]["pass_at_1"]) for s, ra in per_seed[a].items()
+             if ra and bench in ra and (rb := per_seed[b].get(s)) and bench in rb]
+    if not pairs:
+        return None
+    diffs = [x - y for x, y in pairs]
+    mu, sd = mean_std(diffs)
+    t, p = paired_t_test([x for x, _ in pairs], [y for _, y in pairs])
+    return {"mean": mu, "std": sd, "per_seed": diffs, "t": t, "p": p}
+
+
 def cost(table: Mapping[str, Any], methods: Sequence[Method]) -> list[dict[str, Any]]:
     """Each latent row vs the CoT-SFT of its own backbone (`Method.baselines`): ratios of mean #L,
     generated tokens and wall seconds per question (warm, i.e. without the batch that compiled, when
@@ -296,6 +313,9 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
             b: {lab: g for lab in ("DLR-SFT", "DLR-Full")
                 if (g := gap_closed(per_seed, b, lab, direct=MATCHED_DIRECT, cot=MATCHED_COT)) is not None}
             for b in summary}
+    if DIRECT_FROM_COT in per_seed:  # what the latent tokens add beyond DLR-SFT's CoT-SFT start and budget
+        results["dlr_sft_vs_direct_from_cot"] = {
+            b: d for b in summary if (d := paired_difference(per_seed, b, "DLR-SFT", DIRECT_FROM_COT)) is not None}
     results["cost"] = {b: cost(t, exp.methods) for b, t in summary.items()}
     return results
 
@@ -358,6 +378,10 @@ def markdown(results: Mapping[str, Any]) -> str:
                     + (f" (of its own baselines' gap, {own[lab]})" if lab in own and
                        key == "gap_closed" else "") for lab, g in gaps.items())
                     + (after if "DLR-Full" in gaps else "") + "."]
+        if d := results.get("dlr_sft_vs_direct_from_cot", {}).get(b):
+            lines += ["", f"DLR-SFT minus {DIRECT_FROM_COT} (the same CoT-SFT start and as many training examples, "
+                      f"no latents): {100 * d['mean']:+.1f} ± {100 * d['std']:.1f} points over {len(d['per_seed'])} "
+                      f"seeds, paired p = {_p(d['p'])}: what the latent tokens add beyond that start."]
         for c in results.get("cost", {}).get(b, []):
             if c["vs"] != full:
                 continue

@@ -55,8 +55,6 @@ def stage_codebook(workdir: str | Path) -> np.ndarray | None:
 def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
     """The backbone the latent stages start from: the HF checkpoint when `init_from` is set, else
     (tiny from-scratch configs) the CoT-SFT model of the textsft stage."""
-    from dlr_jax.models.transformer import Transformer
-
     if cfg.init_from:
         return common.new_backbone(cfg, tok, mesh)
     d = final_dir(workdir, "textsft_cot")
@@ -65,8 +63,7 @@ def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, 
             f"{d}: no CoT-SFT backbone. For from-scratch configs run "
             f"`python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` first, or set init_from."
         )
-    mcfg = from_dict(ModelConfig, read_meta(d)["model"])
-    return restore_params(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), d, mesh, cfg.mesh.rules)
+    return common.restore_backbone(cfg, workdir, "textsft_cot", mesh)
 
 
 def new_latent_lm(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):

@@ -3,6 +3,11 @@
 `cot`:    [x ; y ; <answer> a </answer>]      `direct`: [x ; <answer> a </answer>]
 Loss on everything after x. The CoT model also serves as the evaluator LM of the process reward
 and, for from-scratch tiny configs, as the backbone that the latent stages start from.
+
+`direct_from_cot` (a control, not a paper baseline) trains Direct-SFT starting from the workdir's
+finished CoT-SFT model instead of the backbone, with train.textsft_direct's settings, into
+`textsft_direct_from_cot/`: DLR-SFT's model starts from CoT-SFT too, so this separates what that start
+and the extra steps give from what the latent tokens add (`experiments main --matched-baselines`).
 """
 
 from __future__ import annotations
@@ -16,15 +21,22 @@ from dlr_jax.handoff import save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import local_batch
 from dlr_jax.trainer import Trainer, TrainResult
-from dlr_jax.workdir import stage_dir
+from dlr_jax.workdir import final_dir, stage_dir
+
+# mode -> the format of its training rows
+MODES = {"cot": "cot", "direct": "direct", "direct_from_cot": "direct"}
 
 
 def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int | None = None) -> TrainResult:
     from dlr_jax.data.pipeline import make_stage_dataset
 
-    if mode not in ("cot", "direct"):
-        raise ValueError(f"textsft mode must be cot or direct, got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"textsft mode must be one of {', '.join(MODES)}, got {mode!r}")
     stage = f"textsft_{mode}"
+    if mode == "direct_from_cot" and not final_dir(workdir, "textsft_cot").is_dir():
+        raise FileNotFoundError(f"{final_dir(workdir, 'textsft_cot')}: direct_from_cot starts from the CoT-SFT "
+                                f"model; run `python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` "
+                                "first")
     train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir)
     tok = common.get_tokenizer(cfg, workdir, train)
@@ -32,7 +44,10 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     mesh = common.make_mesh_for(cfg)
     tcfg = cfg.train.textsft if mode == "cot" else cfg.train.textsft_direct
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage)
-    model = common.new_backbone(cfg, tok, mesh)
+    if mode == "direct_from_cot":
+        model = common.restore_backbone(cfg, workdir, "textsft_cot", mesh)
+    else:
+        model = common.new_backbone(cfg, tok, mesh)
     data = make_stage_dataset(
         "textsft",
         train,
@@ -40,7 +55,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         batch_size=local_batch(tcfg.batch_size),
         max_len=cfg.data.max_len,
         seed=cfg.run.seed,
-        mode=mode,
+        mode=MODES[mode],
         pack=cfg.data.pack,
         num_workers=cfg.data.num_workers,
         vocab_size=model.cfg.vocab_size,
