@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.print_config and (args.stage is None or args.workdir is None):
         ap.error("--stage and --workdir are required (unless --print-config)")
+    if args.mode == "direct_from_cot" and args.stage != "textsft":
+        ap.error("--mode direct_from_cot is a textsft control: run it as its own --stage textsft, after CoT-SFT")
     try:
         if args.print_config and args.workdir is None:
             cfg = load_config(args.config, args.overrides)

@@ -23,6 +23,7 @@ from dlr_jax.experiments.plan import (
     MATCHED_DIRECT,
     Method,
     Step,
+    direct_from_cot_variant,
     experiment,
     half_font_overrides,
     k_values,
@@ -198,14 +199,23 @@ def test_matched_baselines_train_the_text_sfts_on_dlr_sft_s_budget(tmp_path):
     ctl = exp.variants[2]
     assert (ctl.name, ctl.runs, ctl.reuse, ctl.textsft_mode) == ("direct_from_cot", ("textsft",), ("textsft",),
                                                                  "direct_from_cot")
-    assert ctl.overrides == ("train.textsft_direct.num_steps=500", "train.textsft_direct.num_epochs=0")
-    steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=[], seeds=[0])
+    # ... at SFT's optimizer settings (tiny: 1e-3 against Direct-SFT's from-scratch 2e-3)
+    assert ctl.overrides == ("train.textsft_direct.num_steps=500", "train.textsft_direct.num_epochs=0",
+                             "train.textsft_direct.learning_rate=0.001")
+    steps = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=["train.textsft_direct.num_steps=2500"],
+                               seeds=[0])
     (train,) = [s for s in steps if s.variant == "direct_from_cot" and s.kind == "train"]
     assert train.argv[train.argv.index("--mode") + 1] == "direct_from_cot"
+    # the control's length wins over the experiment's --set for the main Direct-SFT (the last --set of a key wins)
+    argv = list(train.argv)
+    assert argv.index("train.textsft_direct.num_steps=500") > argv.index("train.textsft_direct.num_steps=2500")
     assert [f.parent.parent.name for f in train.done_files] == ["textsft_direct_from_cot"]
     assert tmp_path / "seed0/direct_from_cot/textsft_cot" in dict(train.links)  # the CoT-SFT model it starts from
     (ev,) = [s for s in steps if s.variant == "direct_from_cot" and s.kind == "evaluate"]
     assert ev.argv[ev.argv.index("--stage") + 1] == "textsft_direct_from_cot"
+    # a recipe counted in epochs: align + SFT's epochs (the paper's 3 + 3)
+    ctl, _ = direct_from_cot_variant(load_config(ROOT / "configs" / "qwen3-4b.yaml"))
+    assert ctl.overrides[0] == "train.textsft_direct.num_epochs=6.0"
     # with init_from DLR-SFT starts from the checkpoint, not from CoT-SFT: no control
     real = load_config(ROOT / "configs" / "qwen3-4b.yaml", ["init_from=weights/qwen3-4b"])
     assert DIRECT_FROM_COT not in [m.label for m in experiment("main", real, matched=True).methods]
@@ -430,6 +440,11 @@ def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
     with pytest.raises(ValueError, match="with --matched-baselines, this run without"):
         report.load_merge(tmp_path / "matched.json", experiment("main", _tiny()), config=TINY, overrides=[], recipe="r")
     assert report.load_merge(tmp_path / "matched.json", exp, config=TINY, overrides=[], recipe="r")["seeds"] == [0, 1]
+    # a matched run from before the control row existed has fewer rows: not folded in either
+    older = {**res, "recipe": "r", "methods": [m for m in res["methods"] if m["label"] != DIRECT_FROM_COT]}
+    (tmp_path / "older.json").write_text(json.dumps(older))
+    with pytest.raises(ValueError, match=f"no {DIRECT_FROM_COT} row"):
+        report.load_merge(tmp_path / "older.json", exp, config=TINY, overrides=[], recipe="r")
 
 
 def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(tmp_path, capsys):

@@ -56,6 +56,15 @@ def test_cli_refuses_bad_counts_and_writes_nothing(tmp_path, args):
     assert not w.exists()
 
 
+def test_cli_refuses_the_direct_from_cot_control_outside_textsft(tmp_path):
+    w = tmp_path / "w"
+    out = run_cli(["--stage", "all", "--mode", "direct_from_cot", "--config", str(micro_yaml(tmp_path / "m.yaml")),
+                   "--workdir", str(w)])
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--mode direct_from_cot is a textsft control" in out.stderr
+    assert not w.exists()
+
+
 def test_cli_empty_data_file_writes_no_tokenizer(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

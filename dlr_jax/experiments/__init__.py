@@ -3,7 +3,8 @@
 The paper's comparisons as one resumable command. Experiments:
 
   main               Direct-SFT, CoT-SFT, DLR-SFT, DLR-Full (DLR-SFT + latent GRPO), one backbone;
-                     --matched-baselines adds both text baselines trained on DLR-SFT's budget
+                     --matched-baselines adds both text baselines trained on DLR-SFT's budget, and the
+                     control Direct-SFT from CoT-SFT (what DLR-SFT's start gives without latents)
   no_align           DLR-Full without the align stage (sft starts from fresh projectors)
   no_rl              DLR-Full vs DLR-SFT
   no_process_reward  latent GRPO with rl.process_weight=0
@@ -68,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--matched-baselines", action="store_true",
                    help="main only: also train Direct-SFT and CoT-SFT on as many examples as DLR-SFT's model "
                         "saw (CoT-SFT + align + SFT), two more rows and the gap between them; without it "
-                        "DLR-SFT vs Direct-SFT mixes the latents with DLR-SFT's longer training")
+                        "DLR-SFT vs Direct-SFT mixes the latents with DLR-SFT's longer training. From-scratch "
+                        "backbones get a third row, Direct-SFT trained from the CoT-SFT model for align + SFT's "
+                        "examples at SFT's optimizer settings, and DLR-SFT minus it (paired)")
     p.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
                    help="fold the seeds of another run of this experiment and recipe into the report "
                         "(its W/NAME/results.json, e.g. from --seed-ids on another machine; repeatable)")

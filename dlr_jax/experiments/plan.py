@@ -166,21 +166,30 @@ def matched_variant(cfg: Config) -> tuple[Variant, tuple[Method, ...]]:
     return v, (direct, Method(MATCHED_COT, "matched", "textsft_cot"))
 
 
+# The optimizer settings of a TrainConfig (not its length, batch, logging or seed).
+OPTIMIZER_FIELDS = ("learning_rate", "warmup_ratio", "min_lr_ratio", "weight_decay", "b1", "b2", "eps", "grad_clip",
+                    "optimizer")
+
+
 def direct_from_cot_variant(cfg: Config) -> tuple[Variant, Method] | None:
     """The control for DLR-SFT's start: Direct-SFT trained from the seed's CoT-SFT model (textsft --mode
     direct_from_cot) on as many examples as DLR-SFT's model saw after CoT-SFT (align + SFT, counted as in
-    `matched_budget`). DLR-SFT minus this row is what the latent tokens add beyond starting from a CoT-SFT model
-    and training that long. None with `init_from`: there DLR-SFT starts from the checkpoint, not from CoT-SFT."""
+    `matched_budget`), with the SFT stage's optimizer settings (the rate DLR-SFT fine-tunes that model at, not
+    Direct-SFT's from-scratch rate). DLR-SFT minus this row is what the latent tokens add beyond starting from a
+    CoT-SFT model and training that long. None with `init_from`: there DLR-SFT starts from the checkpoint."""
+    matched_budget(cfg)  # the same refusals: data.pack, stages counted in mixed units
     if cfg.init_from:
         return None
     t = cfg.train
     chain = (t.align, t.sft)
     if all(c.num_epochs == 0 for c in chain):
         steps = math.ceil(sum(c.num_steps * c.batch_size for c in chain) / t.textsft_direct.batch_size)
-        over: tuple[str, ...] = (f"train.textsft_direct.num_steps={steps}", "train.textsft_direct.num_epochs=0")
-    else:  # matched_budget has refused mixed units already
-        over = (f"train.textsft_direct.num_epochs={_number(sum(c.num_epochs for c in chain))}",)
-    v = Variant("direct_from_cot", over, runs=("textsft",), reuse=("textsft",), textsft_mode="direct_from_cot")
+        over = [f"train.textsft_direct.num_steps={steps}", "train.textsft_direct.num_epochs=0"]
+    else:
+        over = [f"train.textsft_direct.num_epochs={_number(sum(c.num_epochs for c in chain))}"]
+    over += [f"train.textsft_direct.{f}={_number(v) if not isinstance(v, str) else v}" for f in OPTIMIZER_FIELDS
+             if (v := getattr(t.sft, f)) != getattr(t.textsft_direct, f)]
+    v = Variant("direct_from_cot", tuple(over), runs=("textsft",), reuse=("textsft",), textsft_mode="direct_from_cot")
     return v, Method(DIRECT_FROM_COT, "direct_from_cot", "textsft_direct_from_cot")
 
 
@@ -294,14 +303,16 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
     if name == "main":
         variants, rows = (main,), (Method("Direct-SFT", "main", "textsft_direct"),
                                    Method("CoT-SFT", "main", "textsft_cot"))
+        desc = ("Direct-SFT, CoT-SFT, DLR-SFT and DLR-Full (= DLR-SFT + latent GRPO) on one backbone"
+                + (", and the text baselines on DLR-SFT's training budget" if matched else ""))
         if matched:
             v, extra = matched_variant(cfg)
             variants, rows = (main, v), (*rows, *extra)
             control = direct_from_cot_variant(cfg)
             if control is not None:
                 variants, rows = (*variants, control[0]), (*rows, control[1])
-        return Experiment("main", "Direct-SFT, CoT-SFT, DLR-SFT and DLR-Full (= DLR-SFT + latent GRPO) on one "
-                          "backbone" + (", and the text baselines on DLR-SFT's training budget" if matched else ""),
+                desc += ", and Direct-SFT from CoT-SFT (the control for DLR-SFT's start)"
+        return Experiment("main", desc,
                           variants, (*rows, Method("DLR-SFT", "main", "sft"), full))
     parts: dict[str, tuple[tuple[Variant, ...], tuple[Method, ...]]] = {}
     # w/o align: align trains 1 step at learning rate 0, which saves the freshly built latent LM (random

@@ -238,6 +238,10 @@ def load_merge(path: Path, exp: Experiment, *, config: str, overrides: Sequence[
     if bool(res.get("matched_baselines", False)) != mine:  # files written before the flag existed had none
         raise ValueError(f"--merge {path}: it was run {'with' if not mine else 'without'} --matched-baselines, this "
                          f"run {'with' if mine else 'without'}; one table must hold the same rows for every seed")
+    theirs_rows = {m.get("label") for m in res["methods"]}
+    if missing := [m.label for m in exp.methods if m.label not in theirs_rows]:  # e.g. a row added since it ran
+        raise ValueError(f"--merge {path}: it has no {', '.join(missing)} row(s); one table must hold the same rows "
+                         "for every seed (rerun it with this version, or leave it out)")
     theirs = res.get("recipe")
     if theirs is None:  # written before results.json recorded the recipe: the config file's name must match
         if Path(str(res.get("config"))).name != Path(config).name:

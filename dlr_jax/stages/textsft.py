@@ -33,7 +33,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     if mode not in MODES:
         raise ValueError(f"textsft mode must be one of {', '.join(MODES)}, got {mode!r}")
     stage = f"textsft_{mode}"
-    if mode == "direct_from_cot" and not final_dir(workdir, "textsft_cot").is_dir():
+    if mode == "direct_from_cot" and not (final_dir(workdir, "textsft_cot") / "meta.json").is_file():
         raise FileNotFoundError(f"{final_dir(workdir, 'textsft_cot')}: direct_from_cot starts from the CoT-SFT "
                                 f"model; run `python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` "
                                 "first")

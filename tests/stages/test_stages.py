@@ -90,17 +90,28 @@ def test_train_cli_help_and_bad_override(tmp_path):
     assert bad.returncode == 2 and "unknown key" in bad.stderr
 
 
-def test_direct_from_cot_starts_from_the_cot_sft_model(run_dir, tmp_path):
+def test_direct_from_cot_starts_from_the_cot_sft_model(run_dir, tmp_path, monkeypatch):
+    import dlr_jax.data.pipeline as pipeline
+
     cfg, w, _ = run_dir
     with pytest.raises(FileNotFoundError, match="textsft_cot/final: direct_from_cot starts from the CoT-SFT model"):
-        textsft.run(cfg, tmp_path, "direct_from_cot")
+        textsft.run(cfg, tmp_path / "empty", "direct_from_cot")
+    # the runner's layout: the control's workdir links the CoT-SFT model and the tokenizer
+    ctl_dir = tmp_path / "control"
+    ctl_dir.mkdir()
+    for name in ("textsft_cot", "tokenizer"):
+        (ctl_dir / name).symlink_to(w / name)
+    modes = []
+    make = pipeline.make_stage_dataset
+    monkeypatch.setattr(pipeline, "make_stage_dataset", lambda *a, **k: modes.append(k["mode"]) or make(*a, **k))
     # at learning rate 0 the control's model is exactly the CoT-SFT model it started from
     frozen = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "train.textsft_direct.learning_rate=0.0",
                                                           "train.textsft_direct.num_steps=1"])
-    textsft.run(frozen, w, "direct_from_cot")
-    assert read_meta(w / "textsft_direct_from_cot" / "final")["mode"] == "direct_from_cot"
+    textsft.run(frozen, ctl_dir, "direct_from_cot")
+    assert modes == ["direct"]  # answer-only rows, as Direct-SFT
+    assert read_meta(ctl_dir / "textsft_direct_from_cot" / "final")["mode"] == "direct_from_cot"
     cot = _flat(nnx.state(load_stage_model(w, "textsft_cot", mesh=_one())[0], nnx.Param))
-    ctl = _flat(nnx.state(load_stage_model(w, "textsft_direct_from_cot", mesh=_one())[0], nnx.Param))
+    ctl = _flat(nnx.state(load_stage_model(ctl_dir, "textsft_direct_from_cot", mesh=_one())[0], nnx.Param))
     assert cot.keys() == ctl.keys()
     for k, v in cot.items():
         np.testing.assert_array_equal(ctl[k], v)
