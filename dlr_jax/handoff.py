@@ -66,12 +66,15 @@ def _model_factory(meta: dict[str, Any], tok: Tokenizer, cfg: Config):
     raise ValueError(f"unknown model kind {meta['kind']!r} in {meta}")
 
 
+def restore_stage(workdir: str | Path, stage: str, tok: Tokenizer, cfg: Config, mesh: Mesh) -> nnx.Module:
+    """The model a finished stage saved (its kind from meta.json), restored onto `mesh` with `cfg`'s rules."""
+    d = final_dir(workdir, stage)
+    return restore_params(_model_factory(read_meta(d), tok, cfg), d, mesh, cfg.mesh.rules)
+
+
 def load_stage_model(workdir: str | Path, stage: str, *, mesh: Mesh | None = None):
     """`(model, tokenizer, config)` of a finished stage, restored onto `mesh` (default: the config's)."""
     cfg = workdir_config(workdir)
     tok = Tokenizer.load(Path(workdir) / "tokenizer")
-    d = final_dir(workdir, stage)
-    meta = read_meta(d)
-    mesh = mesh or mesh_from_config(cfg.mesh)
-    model = restore_params(_model_factory(meta, tok, cfg), d, mesh, cfg.mesh.rules)
+    model = restore_stage(workdir, stage, tok, cfg, mesh or mesh_from_config(cfg.mesh))
     return model, tok, cfg

@@ -155,18 +155,6 @@ def check_vocab_divides_mesh(cfg: Config, mesh: Mesh) -> None:
         )
 
 
-def restore_backbone(cfg: Config, workdir: str | Path, stage: str, mesh: Mesh):
-    """The backbone a finished text stage (`textsft_cot`) saved, restored onto `mesh`."""
-    from dlr_jax.checkpoint import read_meta, restore_params
-    from dlr_jax.config import from_dict
-    from dlr_jax.models.transformer import Transformer
-    from dlr_jax.workdir import final_dir
-
-    d = final_dir(workdir, stage)
-    mcfg = from_dict(ModelConfig, read_meta(d)["model"])
-    return restore_params(lambda: Transformer(mcfg, rngs=nnx.Rngs(0)), d, mesh, cfg.mesh.rules)
-
-
 def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
     """The one backbone builder of every stage: random (from the YAML model section) or imported from
     `init_from`, born sharded on `mesh`, with its embedding (and lm_head) sized to the tokenizer's text

@@ -10,12 +10,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, restore_params
-from dlr_jax.config import Config, ModelConfig, from_dict
+from dlr_jax.config import Config
 from dlr_jax.data.latents import latents_path, random_latents, read_latents, step_result_latents
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import latent_lm_factory, save_stage_model
+from dlr_jax.handoff import restore_stage, save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.tokens import Tokenizer
 from dlr_jax.workdir import final_dir, stage_dir
@@ -63,7 +62,7 @@ def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, 
             f"{d}: no CoT-SFT backbone. For from-scratch configs run "
             f"`python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` first, or set init_from."
         )
-    return common.restore_backbone(cfg, workdir, "textsft_cot", mesh)
+    return restore_stage(workdir, "textsft_cot", tok, cfg, mesh)
 
 
 def new_latent_lm(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
@@ -90,8 +89,7 @@ def load_latent_stage(cfg: Config, workdir: str | Path, stage: str, tok: Tokeniz
     d = final_dir(workdir, stage)
     if not d.exists():
         raise FileNotFoundError(f"{d}: stage {stage!r} has not finished in {workdir}")
-    mcfg = from_dict(ModelConfig, read_meta(d)["model"])
-    return restore_params(latent_lm_factory(mcfg, tok, cfg), d, mesh, cfg.mesh.rules)
+    return restore_stage(workdir, stage, tok, cfg, mesh)
 
 
 def local_batch(batch_size: int) -> int:

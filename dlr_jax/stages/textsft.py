@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dlr_jax.config import Config
 from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import save_stage_model
+from dlr_jax.handoff import restore_stage, save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import local_batch
 from dlr_jax.trainer import Trainer, TrainResult
@@ -45,7 +45,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     tcfg = cfg.train.textsft if mode == "cot" else cfg.train.textsft_direct
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage)
     if mode == "direct_from_cot":
-        model = common.restore_backbone(cfg, workdir, "textsft_cot", mesh)
+        model = restore_stage(workdir, "textsft_cot", tok, cfg, mesh)
     else:
         model = common.new_backbone(cfg, tok, mesh)
     data = make_stage_dataset(
