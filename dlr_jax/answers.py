@@ -29,7 +29,8 @@ import numpy as np
 
 __all__ = ["KNOWN_BENCHMARKS", "MATH_BENCHMARKS", "NUMERIC_BENCHMARKS", "answer_reward", "extract_answer", "is_correct"]
 
-NUMERIC_BENCHMARKS = ("gsm8k", "gsm8k_aug", "gsm_hard", "svamp", "multiarith", "synthetic")
+NUMERIC_BENCHMARKS = ("gsm8k", "gsm8k_aug", "gsm_hard", "svamp", "multiarith", "synthetic", "synthetic_hard",
+                      "synthetic_reworded")
 MATH_BENCHMARKS = ("math", "math500", "math_train")
 KNOWN_BENCHMARKS = NUMERIC_BENCHMARKS + MATH_BENCHMARKS
 
@@ -252,8 +253,8 @@ def _math_correct(prediction: str, gold: str) -> bool:
 def is_correct(prediction: str | None, gold: str, benchmark: str) -> bool:
     """Whether an extracted prediction answers ``gold`` on ``benchmark``.
 
-    Numeric benchmarks (``gsm8k gsm8k_aug gsm_hard svamp multiarith synthetic``): exact rationals after
-    cleaning (``18.0 == 18``, ``1,000 == 1000``, ``$5 == 5``, ``50% == 50``, ``3/4 == 0.75``,
+    Numeric benchmarks (``gsm8k gsm8k_aug gsm_hard svamp multiarith``, ``synthetic`` and its variants): exact
+    rationals after cleaning (``18.0 == 18``, ``1,000 == 1000``, ``$5 == 5``, ``50% == 50``, ``3/4 == 0.75``,
     ``-3 != 3``); a prediction that is not a bare number is read by its last number; float-artifact golds
     follow the rule in the module docstring. MATH (``math math500 math_train``): math-verify
     (``parse`` + ``verify``, timeouts off so it runs in any thread), then a normalised string match.

@@ -55,6 +55,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from dlr_jax.config import Config, EvalConfig, apply_overrides, load_config, to_dict
 from dlr_jax.data.formats import parse_generation, prompt_ids
+from dlr_jax.data.readers import SYNTHETIC_FAMILY
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.eval_stats import STD_NOTE, format_table, length_sorted_batches, mean_std, summarise
@@ -403,8 +404,8 @@ def evaluate(
     base_loader = default_loader(data_dir)
 
     def loader(name: str, split: str | None) -> list[Example]:
-        if name == "synthetic" and cfg.data.dataset == "synthetic" and data_dir is None:
-            return load_examples(cfg, split or cfg.data.eval_split)  # the generator training used
+        if name in SYNTHETIC_FAMILY and cfg.data.dataset == "synthetic" and data_dir is None:
+            return load_examples(cfg, split or cfg.data.eval_split, name)  # the generator training used
         return base_loader(name, split)
 
     results = run_benchmarks(

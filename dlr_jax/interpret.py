@@ -51,6 +51,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     """One dict per question: id, question, gold_cot, gold_answer, gold_image (data URI or None),
     latent_codes, decoded_cot, prediction, answer, correct (None without a gold), n_latents."""
     from dlr_jax import render
+    from dlr_jax.data.readers import SYNTHETIC_FAMILY
     from dlr_jax.data.render_pipeline import render_config
     from dlr_jax.data.sources import load_examples
     from dlr_jax.evaluate import default_loader, evaluate_examples
@@ -67,8 +68,8 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     else:
         if n < 1:
             raise ValueError(f"--n must be >= 1, got {n}")
-        if benchmark == "synthetic" and cfg.data.dataset == "synthetic" and data_dir is None:
-            examples = load_examples(cfg, cfg.data.eval_split)
+        if benchmark in SYNTHETIC_FAMILY and cfg.data.dataset == "synthetic" and data_dir is None:
+            examples = load_examples(cfg, cfg.data.eval_split, benchmark)
         else:
             examples = default_loader(data_dir)(benchmark, None)
         examples, scored_as = examples[:n], benchmark

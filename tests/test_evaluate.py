@@ -262,6 +262,27 @@ def test_cli_writes_results_and_multiarith_subset(tok, tmp_path, monkeypatch, ca
     assert "multiarith/test_180" in table and "Pass@1" in table
 
 
+def test_synthetic_variants_are_drawn_from_the_workdirs_data_settings(tok, tmp_path, monkeypatch):
+    """eval.benchmarks may add synthetic_hard / synthetic_reworded to a synthetic run: they follow the run's
+    seed and synthetic settings (not the defaults), so the reworded questions are that run's test problems."""
+    from dlr_jax.config import DataConfig, RunConfig
+    from dlr_jax.data.sources import load_examples
+
+    cfg = Config(run=RunConfig(seed=5), data=DataConfig(synthetic_eval=24, synthetic_max_steps=2),
+                 eval=EvalConfig(benchmarks=("synthetic", "synthetic_hard", "synthetic_reworded"), batch_size=128))
+    monkeypatch.setattr(ev, "load_stage_model", lambda w, s, *, mesh=None: (BigramLM(scripted_table(tok, n_latents=2)),
+                                                                         tok, cfg))
+    res = ev.main(["--workdir", str(tmp_path), "--stage", "sft", "--set", "eval.max_new_tokens=12", "--max-latents", "4",
+                   "--no-progress"])
+    assert {b: r["n"] for b, r in res["benchmarks"].items()} == dict.fromkeys(cfg.eval.benchmarks, 24)
+    rows = [json.loads(line) for line in (tmp_path / "sft/eval/samples.jsonl").read_text().splitlines()]
+    for name in cfg.eval.benchmarks:
+        want = load_examples(cfg, "test", name)
+        assert [r["question"] for r in rows if r["benchmark"] == name] == [e.question for e in want]
+    base, reworded = load_examples(cfg, "test"), load_examples(cfg, "test", "synthetic_reworded")
+    assert [e.answer for e in reworded] == [e.answer for e in base] and max(len(e.cot.split()) for e in base) == 2
+
+
 def test_help_and_default_modes(capsys):
     with pytest.raises(SystemExit) as e:
         ev.build_parser().parse_args(["--help"])

@@ -275,6 +275,28 @@ def test_steps_link_from_main_and_skip_what_is_done(tmp_path):
     assert steps[0].is_done() and not steps[1].is_done()
 
 
+def test_an_evaluation_missing_a_configured_benchmark_runs_again(tmp_path):
+    """Adding benchmarks to eval.benchmarks (e.g. the synthetic task's out-of-domain variants) re-evaluates a
+    finished run's models instead of skipping the evaluations whose results.json lacks them."""
+    exp = experiment("no_rl", _tiny())
+    plain = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=[], seeds=[0])
+    ood = ["eval.benchmarks=[synthetic,synthetic_hard,synthetic_reworded]"]
+    wider = runner.build_steps(exp, root=tmp_path, config=TINY, overrides=ood, seeds=[0])
+    ev, ev_wide = [st for st in plain if st.kind == "evaluate"][0], [st for st in wider if st.kind == "evaluate"][0]
+    assert ev.benchmarks == ("synthetic",)
+    assert ev_wide.benchmarks == ("synthetic", "synthetic_hard", "synthetic_reworded")
+    assert ev_wide.argv[-2:] == ("--set", ood[0])  # the evaluation is told, not only the check
+    [results] = ev.done_files
+    results.parent.mkdir(parents=True)
+    results.write_text(json.dumps({"benchmarks": {"synthetic": {"n": 500}}}))
+    assert ev.is_done() and not ev_wide.is_done()
+    results.write_text(json.dumps({"benchmarks": {b: {"n": 500} for b in ev_wide.benchmarks}}))
+    assert ev.is_done() and ev_wide.is_done()
+    results.write_text("{not json")  # a half-written file is not a finished evaluation
+    assert not ev_wide.is_done()
+    assert all(not st.benchmarks for st in wider if st.kind == "train")
+
+
 def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path, capsys):
     w = tmp_path / "w"
     rc = cli_main(["ablations", "--config", str(ROOT / "configs/qwen3-4b.yaml"), "--workdir", str(w), "--seeds", "2",

@@ -27,7 +27,9 @@ class DataConfig:
     synthetic_eval: int = 500
     # The synthetic task's difficulty (data/synthetic.py SyntheticConfig): equations per problem drawn from
     # [min_steps, max_steps]; operands up to max_operand, every intermediate value up to max_value. Graded
-    # variants: more steps (longer CoTs), larger numbers (a GSM-Hard analogue).
+    # variants: more steps (longer CoTs), larger numbers. Evaluation-only benchmarks drawn from these settings
+    # (dlr_jax/data/synthetic_variants.py): synthetic_hard (numbers x10, GSM-Hard's analogue) and
+    # synthetic_reworded (the test problems reworded, plus an irrelevant sentence: SVAMP's analogue).
     synthetic_min_steps: int = 1
     synthetic_max_steps: int = 4
     synthetic_max_operand: int = 10

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dlr_jax.data import synthetic, synthetic_variants
 from dlr_jax.data.checks import check_not_empty, check_numeric_golds
 from dlr_jax.data.gsm8k import read_gsm8k
 from dlr_jax.data.gsm8k_aug import read_gsm8k_aug
@@ -34,6 +35,7 @@ from dlr_jax.data.multiarith import read_multiarith
 from dlr_jax.data.paths import shared_data_dir
 from dlr_jax.data.records import Example
 from dlr_jax.data.svamp import read_svamp
+from dlr_jax.data.synthetic_variants import VARIANTS as SYNTHETIC_VARIANTS
 
 log = logging.getLogger(__name__)
 
@@ -101,14 +103,16 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
     )
 }
 SYNTHETIC = "synthetic"
-NAMES: tuple[str, ...] = (*BENCHMARKS, SYNTHETIC)
+# SYNTHETIC_VARIANTS: generated, evaluation-only variants of it (GSM-Hard's and SVAMP's analogues).
+SYNTHETIC_FAMILY = (SYNTHETIC, *SYNTHETIC_VARIANTS)
+NAMES: tuple[str, ...] = (*BENCHMARKS, *SYNTHETIC_FAMILY)
 
 
 def benchmark_file(name: str, split: str | None = None, path: str | Path | None = None) -> Path:
-    """The file `load_benchmark(name, path, split)` would read (synthetic: only with a path)."""
-    if name == SYNTHETIC:
+    """The file `load_benchmark(name, path, split)` would read (synthetic and its variants: only with a path)."""
+    if name in SYNTHETIC_FAMILY:
         if path is None:
-            raise ValueError("synthetic data has no file unless `path` is given")
+            raise ValueError(f"{name} data has no file unless `path` is given")
         p = Path(path)
         return p / f"{split or 'test'}.txt" if p.is_dir() else p
     spec = _spec(name)
@@ -142,8 +146,8 @@ def load_benchmark(
     options: passed to the reader, e.g. `cot="natural"` for gsm8k; for synthetic `seed`, `sizes`,
     `config` (see `dlr_jax.data.synthetic.synthetic_splits`).
     """
-    if name == SYNTHETIC:
-        return _load_synthetic(path, split or "test", **options)
+    if name in SYNTHETIC_FAMILY:
+        return _load_synthetic(name, path, split or "test", **options)
     spec = _spec(name)
     split = split or spec.default_split
     f = benchmark_file(name, split, path)
@@ -165,12 +169,13 @@ def _checked(examples: list[Example], name: str, f: Path) -> list[Example]:
     return examples
 
 
-def _load_synthetic(path: str | Path | None, split: str, **options: Any) -> list[Example]:
-    from dlr_jax.data import synthetic
+def _load_synthetic(name: str, path: str | Path | None, split: str, **options: Any) -> list[Example]:
 
     if path is not None:
-        f = benchmark_file(SYNTHETIC, split, path)
-        return _checked(read_gsm8k_aug(f, split=split, source=SYNTHETIC), SYNTHETIC, f)
+        f = benchmark_file(name, split, path)
+        return _checked(read_gsm8k_aug(f, split=split, source=name), name, f)
+    if name != SYNTHETIC:
+        return synthetic_variants.variant_split(name, split, **options)
     if split not in synthetic.SPLIT_ORDER:
         raise ValueError(f"synthetic: unknown split {split!r}; known: {synthetic.SPLIT_ORDER}")
     return synthetic.synthetic_splits(options.pop("sizes", None), only=[split], **options)[split]

@@ -9,14 +9,16 @@ from dlr_jax.data.readers import load_benchmark
 from dlr_jax.data.records import Example
 
 
-def load_examples(cfg: Config, split: str) -> list[Example]:
+def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list[Example]:
+    """Split `split` of the config's dataset. For a synthetic dataset, `benchmark` may name one of its
+    evaluation-only variants (`synthetic_hard`, `synthetic_reworded`), drawn from the same settings and seed."""
     d = cfg.data
     if d.dataset == "synthetic":
         from dlr_jax.data.synthetic import SyntheticConfig
 
         sizes = {"train": d.synthetic_train, "valid": min(200, d.synthetic_eval), "test": d.synthetic_eval}
         return load_benchmark(
-            "synthetic",
+            benchmark,
             split=split,
             sizes=sizes,
             seed=cfg.run.seed,

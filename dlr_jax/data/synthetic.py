@@ -24,6 +24,7 @@ import logging
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from dlr_jax.data.gsm8k_aug import write_gsm8k_aug
 from dlr_jax.data.records import Example
@@ -86,14 +87,25 @@ def _apply(op: str, a: int, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
 
 
+def phrase(story: Mapping[str, Any], start: str = START, steps: Mapping[str, tuple[str, ...]] = STEP_TEMPLATES,
+           question: str = QUESTION) -> list[str]:
+    """The sentences of a problem's `story` (an Example's `extra`: name, item, start value, and per step
+    its op, operand and template index) in the given wording; the question is the last sentence."""
+    n, i = story["name"], story["item"]
+    out = [start.format(n=n, a=story["start"], i=i)]
+    out += [steps[op][t].format(n=n, b=b, i=i)
+            for op, b, t in zip(story["ops"], story["operands"], story["templates"], strict=True)]
+    return [*out, question.format(n=n, i=i)]
+
+
 def generate_problem(rng: random.Random, cfg: SyntheticConfig, *, example_id: str = "synthetic") -> Example:
-    """One problem drawn from `rng` (advances it)."""
+    """One problem drawn from `rng` (advances it). Its `extra` keeps the story (see `phrase`), from which
+    `dlr_jax.data.synthetic_variants` rewords it."""
     name, item = rng.choice(NAMES), rng.choice(ITEMS)
     n_steps = rng.randint(cfg.min_steps, cfg.max_steps)
     while True:  # restart on a dead end (no op has a valid operand); rare with sane configs
-        value = rng.randint(max(cfg.min_operand, 1), cfg.max_operand)
-        sentences = [START.format(n=name, a=value, i=item)]
-        equations, ops = [], []
+        value = start = rng.randint(max(cfg.min_operand, 1), cfg.max_operand)
+        equations, ops, operands, templates = [], [], [], []
         for _ in range(n_steps):
             options = {op: _operand_choices(op, value, cfg) for op in cfg.ops}
             feasible = [op for op in cfg.ops if options[op]]
@@ -102,20 +114,22 @@ def generate_problem(rng: random.Random, cfg: SyntheticConfig, *, example_id: st
             op = rng.choice(feasible)
             b = rng.choice(options[op])
             new = _apply(op, value, b)
-            sentences.append(rng.choice(STEP_TEMPLATES[op]).format(n=name, b=b, i=item))
+            templates.append(rng.randrange(len(STEP_TEMPLATES[op])))  # the same draw as rng.choice(templates)
             equations.append(f"<<{value}{op}{b}={new}>>")
             ops.append(op)
+            operands.append(b)
             value = new
         if len(equations) == n_steps:
             break
-    sentences.append(QUESTION.format(n=name, i=item))
+    story = {"steps": n_steps, "ops": ops, "name": name, "item": item, "start": start, "operands": operands,
+             "templates": templates}
     return Example(
         id=example_id,
-        question=" ".join(sentences),
+        question=" ".join(phrase(story)),
         cot=" ".join(equations),
         answer=str(value),
         source="synthetic",
-        extra={"steps": n_steps, "ops": ops},
+        extra=story,
     )
 
 

@@ -15,6 +15,7 @@ codebook onwards. A linked stage is never rerun, and every stage command is skip
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shlex
 from collections.abc import Sequence
@@ -100,12 +101,25 @@ class Step:
     workdir: Path
     links: tuple[tuple[Path, Path], ...] = ()  # (link, target) made before the command runs
     log: Path | None = None
+    # evaluate steps: the benchmarks their results.json must hold, so adding one to eval.benchmarks
+    # re-evaluates a finished run instead of skipping it
+    benchmarks: tuple[str, ...] = ()
 
     def is_done(self) -> bool:
-        return all(f.is_file() for f in self.done_files)
+        return all(f.is_file() and _holds(f, self.benchmarks) for f in self.done_files)
 
     def shell(self) -> str:
         return shlex.join(self.argv)
+
+
+def _holds(results: Path, benchmarks: Sequence[str]) -> bool:
+    if not benchmarks:
+        return True
+    try:
+        done = json.loads(results.read_text()).get("benchmarks", {})
+    except (OSError, ValueError):
+        return False
+    return all(b in done for b in benchmarks)
 
 
 EXPERIMENTS = ("main", "no_align", "no_rl", "no_process_reward", "forced_stop", "k_sweep", "half_font", "ablations",

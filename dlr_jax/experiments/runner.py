@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dlr_jax.config import load_config
 from dlr_jax.experiments.plan import PRODUCTS, Experiment, Step
 
 # Per-seed training seeds: the run (data order, init, synthetic data) and every trainer's RNG.
@@ -40,6 +41,7 @@ def build_steps(exp: Experiment, *, root: Path, config: str, overrides: Sequence
         if m.variant not in names:
             raise ValueError(f"method {m.label!r} reads variant {m.variant!r}, which the experiment does not train")
     evals = [o for o in overrides if o.startswith(EVAL_PREFIXES)]
+    benchmarks = tuple(load_config(config, list(overrides)).eval.benchmarks)
     for s in seeds:
         base = seed_dir(root, s) / "main"
         for v in exp.variants:
@@ -68,7 +70,8 @@ def build_steps(exp: Experiment, *, root: Path, config: str, overrides: Sequence
                 name = f"results_{m.tag}.json" if m.tag else "results.json"
                 steps.append(Step(s, m.variant, "evaluate", m.stage + (f":{m.tag}" if m.tag else ""), tuple(argv),
                                   (w / m.stage / "eval" / name,), w,
-                                  log=logs / f"seed{s}_{m.variant}_eval_{m.stage}{'_' + m.tag if m.tag else ''}.log"))
+                                  log=logs / f"seed{s}_{m.variant}_eval_{m.stage}{'_' + m.tag if m.tag else ''}.log",
+                                  benchmarks=benchmarks))
     return _dedupe(steps)
 
 

@@ -18,7 +18,7 @@ DEFAULT_COUNTS = {
 
 
 def test_names():
-    assert set(NAMES) == {*DEFAULT_COUNTS, "synthetic"}
+    assert set(NAMES) == {*DEFAULT_COUNTS, "synthetic", "synthetic_hard", "synthetic_reworded"}
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULT_COUNTS))

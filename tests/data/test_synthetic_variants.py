@@ -1,0 +1,86 @@
+import re
+
+import pytest
+
+from dlr_jax.data import synthetic
+from dlr_jax.data.readers import load_benchmark
+from dlr_jax.data.synthetic import SyntheticConfig, phrase, synthetic_splits
+from dlr_jax.data.synthetic_variants import HARD, HARD_SCALE, REWORDED, hard_config, variant_split
+
+SIZES = {"test": 120, "valid": 20, "train": 200}
+NUM = re.compile(r"\d+")
+
+
+def test_the_generator_keeps_its_problems_and_records_their_story():
+    """The story behind each question re-phrases to the same text, and seed 0's first test problems are the
+    ones every earlier run of the synthetic task trained and evaluated on (pinned text)."""
+    test = synthetic_splits(SIZES, seed=0, only=["test"])["test"]
+    assert all(" ".join(phrase(e.extra)) == e.question for e in test)
+    assert test[0].question == ("Leo has 5 stamps. Leo then has 9 times as many stamps. "
+                                "How many stamps does Leo have now?")
+    assert test[1].cot == "<<10+9=19>> <<19-3=16>> <<16*6=96>>" and test[1].answer == "96"
+    assert test[1].question.startswith("Ben has 10 marbles. Ben buys 9 more marbles. Ben gives away 3 marbles.")
+
+
+def test_reworded_is_the_same_test_problems_in_new_words_with_one_distractor():
+    cfg = SyntheticConfig(max_steps=3)
+    base = synthetic_splits(SIZES, seed=2, config=cfg, only=["test"])["test"]
+    rew = variant_split(REWORDED, "test", sizes=SIZES, seed=2, config=cfg)
+    assert len(rew) == len(base) == SIZES["test"]
+    train = synthetic_splits(SIZES, seed=2, config=cfg)["train"]
+    train_words = {w.strip(".?") for e in train for w in e.question.split()}
+    unseen = 0
+    for b, r in zip(base, rew, strict=True):
+        assert r.id == b.id.replace("synthetic/", "synthetic_reworded/") and r.source == REWORDED
+        assert (r.cot, r.answer) == (b.cot, b.answer)
+        sentences = r.question.split(". ")
+        assert r.question != b.question and r.question.startswith(f"At first {b.extra['name']} owns ")
+        assert r.question.endswith(f"What is the number of {b.extra['item']} {b.extra['name']} owns at the end?")
+        assert "How many" not in r.question and " has now" not in r.question
+        # the story's numbers in order, plus exactly one: the distractor's, about someone else's same item
+        at = r.extra["distractor_at"]
+        distractor = sentences[at]
+        other, _, count, item = distractor.rstrip(".").split(" ")
+        assert other != b.extra["name"] and item == b.extra["item"] and 1 <= at <= len(sentences) - 2
+        assert NUM.findall(" ".join(sentences[:at] + sentences[at + 1:])) == NUM.findall(b.question)
+        assert count.isdigit()
+        unseen += bool({w.strip(".?") for w in r.question.split()} - train_words)
+    assert unseen == len(rew)  # every question has wording the training data never uses
+    again = load_benchmark(REWORDED, split="test", sizes=SIZES, seed=2, config=cfg)
+    assert again == rew  # deterministic, and the registry serves it
+
+
+def test_hard_has_numbers_ten_times_as_large_and_valid_chains():
+    cfg = SyntheticConfig()
+    hard = variant_split(HARD, "test", sizes=SIZES, seed=1, config=cfg)
+    big = hard_config(cfg)
+    assert (big.max_operand, big.max_value) == (cfg.max_operand * HARD_SCALE, cfg.max_value * HARD_SCALE)
+    values = []
+    for e in hard:
+        assert e.id.startswith("synthetic_hard/test/") and e.source == HARD
+        prev = None
+        for a, op, b, c in re.findall(r"<<(\d+)([-+*/])(\d+)=(\d+)>>", e.cot):
+            a, b, c = int(a), int(b), int(c)
+            assert {"+": a + b, "-": a - b, "*": a * b}[op] == c and 0 <= c <= big.max_value and b <= big.max_operand
+            assert prev is None or a == prev
+            prev = c
+            values.append(c)
+        assert e.answer == str(prev)
+    assert max(values) > cfg.max_value  # beyond anything the base task trains on
+    assert sum(v > cfg.max_value for v in values) > len(values) // 3
+
+
+@pytest.mark.parametrize("name", [HARD, REWORDED])
+def test_variants_are_for_evaluation_only(name):
+    with pytest.raises(ValueError, match="evaluation only"):
+        variant_split(name, "train", sizes=SIZES)
+    with pytest.raises(ValueError, match="unknown synthetic variant"):
+        variant_split("synthetic_easy", "test", sizes=SIZES)
+    assert len(variant_split(name, "valid", sizes=SIZES)) == SIZES["valid"]
+
+
+def test_reworded_templates_match_the_base_template_counts():
+    from dlr_jax.data.synthetic_variants import REWORDED_STEPS
+
+    base = synthetic.STEP_TEMPLATES
+    assert {op: len(t) for op, t in REWORDED_STEPS.items()} == {op: len(t) for op, t in base.items()}
