@@ -272,8 +272,8 @@ def test_synthetic_variants_are_drawn_from_the_workdirs_data_settings(tok, tmp_p
                  eval=EvalConfig(benchmarks=("synthetic", "synthetic_hard", "synthetic_reworded"), batch_size=128))
     monkeypatch.setattr(ev, "load_stage_model", lambda w, s, *, mesh=None: (BigramLM(scripted_table(tok, n_latents=2)),
                                                                          tok, cfg))
-    res = ev.main(["--workdir", str(tmp_path), "--stage", "sft", "--set", "eval.max_new_tokens=12", "--max-latents", "4",
-                   "--no-progress"])
+    res = ev.main(["--workdir", str(tmp_path), "--stage", "sft", "--set", "eval.max_new_tokens=12",
+                   "--max-latents", "4", "--no-progress"])
     assert {b: r["n"] for b, r in res["benchmarks"].items()} == dict.fromkeys(cfg.eval.benchmarks, 24)
     rows = [json.loads(line) for line in (tmp_path / "sft/eval/samples.jsonl").read_text().splitlines()]
     for name in cfg.eval.benchmarks:

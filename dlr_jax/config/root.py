@@ -34,6 +34,10 @@ class DataConfig:
     synthetic_max_steps: int = 4
     synthetic_max_operand: int = 10
     synthetic_max_value: int = 200
+    # The task's surface (SVAMP's analogue as a training task): "base" wording, "reworded", or "varied" (each
+    # sentence in either wording at random); and the share of problems with one irrelevant sentence.
+    synthetic_wording: str = "base"
+    synthetic_distractor_rate: float = 0.0
     num_workers: int = 0  # grain worker processes (0 = in-process)
     pack: bool = False
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.

@@ -23,7 +23,8 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
             sizes=sizes,
             seed=cfg.run.seed,
             config=SyntheticConfig(min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
-                                   max_operand=d.synthetic_max_operand, max_value=d.synthetic_max_value),
+                                   max_operand=d.synthetic_max_operand, max_value=d.synthetic_max_value,
+                                   wording=d.synthetic_wording, distractor_rate=d.synthetic_distractor_rate),
         )
     return load_benchmark(d.dataset, path=d.path, split=split)
 

@@ -41,6 +41,18 @@ STEP_TEMPLATES: Mapping[str, tuple[str, ...]] = {
     "/": ("{n} splits the {i} into {b} equal piles and keeps one pile.",),
 }
 QUESTION = "How many {i} does {n} have now?"
+# A second wording (SVAMP's analogue: dlr_jax/data/synthetic_variants.py; `wording="varied"` mixes it into a task).
+# As many templates per op as STEP_TEMPLATES, so a story's template index picks one in either wording.
+REWORDED_START = "At first {n} owns {a} {i}."
+REWORDED_STEPS: Mapping[str, tuple[str, ...]] = {
+    "+": ("{n} is given {b} extra {i}.", "{n} picks up another {b} {i}.", "{n} receives {b} additional {i}."),
+    "-": ("{n} hands {b} {i} to a friend.", "{n} drops {b} of the {i}.", "{n} trades away {b} {i}."),
+    "*": ("The number of {i} that {n} owns is multiplied by {b}.",),
+    "/": ("{n} divides the {i} into {b} equal groups and keeps one group.",),
+}
+REWORDED_QUESTION = "What is the number of {i} {n} owns at the end?"
+DISTRACTOR = "{m} has {c} {i}."  # an irrelevant quantity: another person's count of the same item
+WORDINGS = ("base", "reworded", "varied")  # varied: each sentence in either wording, at random
 SPLIT_ORDER = ("test", "valid", "train")  # filled in this order: test/valid do not depend on train size
 DEFAULT_SIZES: Mapping[str, int] = {"test": 500, "valid": 200, "train": 20000}
 
@@ -57,6 +69,8 @@ class SyntheticConfig:
     max_operand: int = 10
     ops: tuple[str, ...] = ("+", "-", "*")
     max_value: int = 200
+    wording: str = "base"  # one of WORDINGS
+    distractor_rate: float = 0.0  # share of problems with one irrelevant sentence (DISTRACTOR)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
@@ -69,6 +83,15 @@ class SyntheticConfig:
             raise ValueError(f"ops must be a non-empty subset of {tuple(STEP_TEMPLATES)}, got {self.ops!r}")
         if self.max_value < self.max_operand:
             raise ValueError(f"max_value={self.max_value} must be >= max_operand={self.max_operand}")
+        if self.wording not in WORDINGS:
+            raise ValueError(f"wording must be one of {WORDINGS}, got {self.wording!r}")
+        if not 0.0 <= self.distractor_rate <= 1.0:
+            raise ValueError(f"distractor_rate must be in [0, 1], got {self.distractor_rate}")
+
+    @property
+    def plain(self) -> bool:
+        """Problems told in the base wording with no distractor: `generate_problem`'s text as it is."""
+        return self.wording == "base" and self.distractor_rate == 0
 
 
 def _operand_choices(op: str, v: int, cfg: SyntheticConfig) -> list[int]:
@@ -87,15 +110,39 @@ def _apply(op: str, a: int, b: int) -> int:
     return {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
 
 
-def phrase(story: Mapping[str, Any], start: str = START, steps: Mapping[str, tuple[str, ...]] = STEP_TEMPLATES,
-           question: str = QUESTION) -> list[str]:
+def phrase(story: Mapping[str, Any], reworded: bool | Sequence[bool] = False) -> list[str]:
     """The sentences of a problem's `story` (an Example's `extra`: name, item, start value, and per step
-    its op, operand and template index) in the given wording; the question is the last sentence."""
+    its op, operand and template index); the question is the last sentence. `reworded`: the reworded
+    wording for every sentence, or per sentence (opening, steps, question)."""
     n, i = story["name"], story["item"]
-    out = [start.format(n=n, a=story["start"], i=i)]
-    out += [steps[op][t].format(n=n, b=b, i=i)
-            for op, b, t in zip(story["ops"], story["operands"], story["templates"], strict=True)]
-    return [*out, question.format(n=n, i=i)]
+    flags = list(reworded) if isinstance(reworded, Sequence) else [reworded] * (len(story["ops"]) + 2)
+    if len(flags) != len(story["ops"]) + 2:
+        raise ValueError(f"need {len(story['ops']) + 2} wording flags (opening, steps, question), got {len(flags)}")
+    out = [(REWORDED_START if flags[0] else START).format(n=n, a=story["start"], i=i)]
+    out += [(REWORDED_STEPS if r else STEP_TEMPLATES)[op][t].format(n=n, b=b, i=i)
+            for op, b, t, r in zip(story["ops"], story["operands"], story["templates"], flags[1:-1], strict=True)]
+    return [*out, (REWORDED_QUESTION if flags[-1] else QUESTION).format(n=n, i=i)]
+
+
+def restyle(ex: Example, rng: random.Random, cfg: SyntheticConfig, *, wording: str | None = None,
+            distractor_rate: float | None = None) -> Example:
+    """`ex` (a generated problem) told in `wording` (default: cfg's), with one irrelevant sentence inserted
+    with probability `distractor_rate` (default: cfg's); its chain and answer are unchanged. Draws only
+    from `rng`, so the problems themselves stay those of the base task."""
+    wording = cfg.wording if wording is None else wording
+    rate = cfg.distractor_rate if distractor_rate is None else distractor_rate
+    story = ex.extra
+    n = len(story["ops"]) + 2
+    flags = [rng.random() < 0.5 for _ in range(n)] if wording == "varied" else [wording == "reworded"] * n
+    sentences = phrase(story, flags)
+    extra = {**story, "reworded": flags}
+    if rate >= 1 or (rate > 0 and rng.random() < rate):
+        other = rng.choice([m for m in NAMES if m != story["name"]])
+        at = rng.randint(1, len(sentences) - 1)  # after the opening sentence, before the question
+        count = rng.randint(max(cfg.min_operand, 2), cfg.max_operand)
+        sentences.insert(at, DISTRACTOR.format(m=other, c=count, i=story["item"]))
+        extra["distractor_at"] = at
+    return dataclasses.replace(ex, question=" ".join(sentences), extra=extra)
 
 
 def generate_problem(rng: random.Random, cfg: SyntheticConfig, *, example_id: str = "synthetic") -> Example:
@@ -182,6 +229,8 @@ def synthetic_splits(
                 )
             budget -= 1
             ex = generate_problem(rng, cfg, example_id=f"synthetic/{split}/{len(items)}")
+            if not cfg.plain:  # the wording from its own stream: the problems stay the base task's
+                ex = restyle(ex, random.Random(f"{seed}/{ex.id}"), cfg)
             if ex.question in seen:
                 duplicates += 1
                 continue

@@ -20,23 +20,12 @@ import random
 from collections.abc import Mapping
 
 from dlr_jax.data.records import Example
-from dlr_jax.data.synthetic import NAMES, SyntheticConfig, phrase, synthetic_splits
+from dlr_jax.data.synthetic import SyntheticConfig, restyle, synthetic_splits
 
 HARD, REWORDED = "synthetic_hard", "synthetic_reworded"
 VARIANTS: tuple[str, ...] = (HARD, REWORDED)
 SPLITS = ("test", "valid")
 HARD_SCALE = 10
-
-# As many templates per op as synthetic.STEP_TEMPLATES, so a story's template index picks one here too.
-REWORDED_START = "At first {n} owns {a} {i}."
-REWORDED_STEPS: Mapping[str, tuple[str, ...]] = {
-    "+": ("{n} is given {b} extra {i}.", "{n} picks up another {b} {i}.", "{n} receives {b} additional {i}."),
-    "-": ("{n} hands {b} {i} to a friend.", "{n} drops {b} of the {i}.", "{n} trades away {b} {i}."),
-    "*": ("The number of {i} that {n} owns is multiplied by {b}.",),
-    "/": ("{n} divides the {i} into {b} equal groups and keeps one group.",),
-}
-REWORDED_QUESTION = "What is the number of {i} {n} owns at the end?"
-DISTRACTOR = "{m} has {c} {i}."
 
 
 def hard_config(cfg: SyntheticConfig) -> SyntheticConfig:
@@ -44,18 +33,11 @@ def hard_config(cfg: SyntheticConfig) -> SyntheticConfig:
 
 
 def reword(ex: Example, *, seed: int, cfg: SyntheticConfig) -> Example:
-    """`ex` (a synthetic problem) in the reworded phrasing with one distractor sentence; its chain and answer
+    """`ex` (a synthetic problem) in the reworded wording with one distractor sentence; its chain and answer
     are unchanged. The distractor is drawn from its own stream (seed and id), so the problems stay those of
     `synthetic`'s split."""
-    story = ex.extra
-    rng = random.Random(f"{seed}/{ex.id}")
-    sentences = phrase(story, REWORDED_START, REWORDED_STEPS, REWORDED_QUESTION)
-    other = rng.choice([n for n in NAMES if n != story["name"]])
-    at = rng.randint(1, len(sentences) - 1)  # after the opening sentence, before the question
-    sentences.insert(at, DISTRACTOR.format(m=other, c=rng.randint(max(cfg.min_operand, 2), cfg.max_operand),
-                                           i=story["item"]))
-    return dataclasses.replace(ex, id=REWORDED + ex.id.removeprefix("synthetic"), question=" ".join(sentences),
-                               source=REWORDED, extra={**story, "distractor_at": at})
+    out = restyle(ex, random.Random(f"{seed}/{ex.id}"), cfg, wording="reworded", distractor_rate=1.0)
+    return dataclasses.replace(out, id=REWORDED + ex.id.removeprefix("synthetic"), source=REWORDED)
 
 
 def variant_split(name: str, split: str, *, sizes: Mapping[str, int] | None = None, seed: int = 0,
@@ -70,5 +52,6 @@ def variant_split(name: str, split: str, *, sizes: Mapping[str, int] | None = No
     if name == HARD:
         examples = synthetic_splits(sizes, seed=seed, config=hard_config(base), only=[split])[split]
         return [dataclasses.replace(e, id=HARD + e.id.removeprefix("synthetic"), source=HARD) for e in examples]
-    examples = synthetic_splits(sizes, seed=seed, config=base, only=[split])[split]
-    return [reword(e, seed=seed, cfg=base) for e in examples]
+    plain = dataclasses.replace(base, wording="base", distractor_rate=0.0)  # the base task's problems, then reworded
+    examples = synthetic_splits(sizes, seed=seed, config=plain, only=[split])[split]
+    return [reword(e, seed=seed, cfg=plain) for e in examples]

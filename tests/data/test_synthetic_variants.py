@@ -16,6 +16,7 @@ def test_the_generator_keeps_its_problems_and_records_their_story():
     ones every earlier run of the synthetic task trained and evaluated on (pinned text)."""
     test = synthetic_splits(SIZES, seed=0, only=["test"])["test"]
     assert all(" ".join(phrase(e.extra)) == e.question for e in test)
+    assert SyntheticConfig().plain and all("reworded" not in e.extra for e in test)
     assert test[0].question == ("Leo has 5 stamps. Leo then has 9 times as many stamps. "
                                 "How many stamps does Leo have now?")
     assert test[1].cot == "<<10+9=19>> <<19-3=16>> <<16*6=96>>" and test[1].answer == "96"
@@ -80,7 +81,43 @@ def test_variants_are_for_evaluation_only(name):
 
 
 def test_reworded_templates_match_the_base_template_counts():
-    from dlr_jax.data.synthetic_variants import REWORDED_STEPS
+    base, reworded = synthetic.STEP_TEMPLATES, synthetic.REWORDED_STEPS
+    assert {op: len(t) for op, t in reworded.items()} == {op: len(t) for op, t in base.items()}
 
-    base = synthetic.STEP_TEMPLATES
-    assert {op: len(t) for op, t in REWORDED_STEPS.items()} == {op: len(t) for op, t in base.items()}
+
+def test_a_varied_task_mixes_both_wordings_and_distractors_over_the_base_tasks_problems():
+    """data.synthetic_wording=varied / synthetic_distractor_rate: SVAMP's analogue as a training task. The
+    stories (numbers, chains, answers) are the base task's; only the telling changes."""
+    cfg = SyntheticConfig(wording="varied", distractor_rate=0.5)
+    base = synthetic_splits(SIZES, seed=4)
+    varied = synthetic_splits(SIZES, seed=4, config=cfg)
+    for split in SIZES:
+        assert [(e.id, e.cot, e.answer) for e in varied[split]] == [(e.id, e.cot, e.answer) for e in base[split]]
+    test = varied["test"]
+    flags = [f for e in test for f in e.extra["reworded"]]
+    assert 0.35 < sum(flags) / len(flags) < 0.65  # each sentence in either wording
+    assert 0.35 < sum("distractor_at" in e.extra for e in test) / len(test) < 0.65
+    for e in test:
+        told = phrase(e.extra, e.extra["reworded"])
+        if "distractor_at" in e.extra:
+            told.insert(e.extra["distractor_at"], e.question.split(". ")[e.extra["distractor_at"]] + ".")
+        assert " ".join(told) == e.question
+    assert varied == synthetic_splits(SIZES, seed=4, config=cfg)  # deterministic
+    reworded = synthetic_splits(SIZES, seed=4, config=SyntheticConfig(wording="reworded"))["test"]
+    assert all(e.question.startswith("At first") and "distractor_at" not in e.extra for e in reworded)
+
+
+def test_the_data_section_carries_the_wording_to_every_stage():
+    from dlr_jax.config import Config, DataConfig
+    from dlr_jax.data.sources import load_examples
+
+    cfg = Config(data=DataConfig(synthetic_train=60, synthetic_eval=30, synthetic_wording="reworded",
+                                 synthetic_distractor_rate=1.0))
+    train = load_examples(cfg, "train")
+    assert len(train) == 60 and all(e.question.startswith("At first") and "distractor_at" in e.extra for e in train)
+
+
+@pytest.mark.parametrize("bad", [{"wording": "shuffled"}, {"distractor_rate": 1.5}])
+def test_bad_wording_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="wording|distractor_rate"):
+        SyntheticConfig(**bad)
