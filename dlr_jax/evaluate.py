@@ -432,9 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
         "prediction), and prints a table.",
         epilog="Settings come from <workdir>/config.yaml, then the eval/sampling sections of --config, then "
         "--set, then the flags. Benchmarks: gsm8k gsm8k_aug gsm_hard svamp multiarith math500 math_train "
-        "synthetic, optionally name:split (gsm8k_aug:valid). Pass@1 is printed in %%; std is ddof=0 over "
-        "seeds; greedy decoding runs once. Latent mode is constrained decoding unless "
-        "--no-constrain-format (see the dlr_jax/evaluate.py docstring).",
+        "synthetic, and for a synthetic run its out-of-domain analogues synthetic_hard (numbers x10) and "
+        "synthetic_reworded (reworded + an irrelevant sentence); optionally name:split (gsm8k_aug:valid). "
+        "Pass@1 is printed in %%; std is ddof=0 over seeds; greedy decoding runs once. Latent mode is "
+        "constrained decoding unless --no-constrain-format (see the dlr_jax/evaluate.py docstring).",
     )
     p.add_argument("--workdir", help="the training workdir (required unless --aggregate)")
     p.add_argument("--aggregate", nargs="+", metavar="WORKDIR",

@@ -76,6 +76,9 @@ CHANGES_NAME = "config_changes.jsonl"
 # run.allow_config_change=true. Everything else is a "safe" change.
 UNSAFE_PREFIXES = ("model.", "tokenizer.", "data.", "latent.", "init_from")
 SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.dtype")
+# Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a
+# benchmark to a run that is still training (python -m dlr_jax.experiments ... --set eval.benchmarks=[...]) resumes.
+TRAINING_NEUTRAL = ("eval.",)
 # Codebook keys that are training knobs, not the networks or the corpus they read.
 CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
@@ -216,9 +219,10 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
             "--workdir (or --init-from a finished stage)."
             + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
         )
-    if not getattr(cfg.run, "allow_config_change", False):
+    flagged = {k: v for k, v in safe.items() if not k.startswith(TRAINING_NEUTRAL)}
+    if flagged and not getattr(cfg.run, "allow_config_change", False):
         raise ConfigChangeRefused(
-            f"{workdir}: this run's config differs from the recorded {f}: {show(safe)}. Rerun without the "
+            f"{workdir}: this run's config differs from the recorded {f}: {show(flagged)}. Rerun without the "
             "changes to resume as recorded, or pass --set run.allow_config_change=true to continue under the "
             f"new values (each change is logged to {Path(workdir) / CHANGES_NAME})."
         )

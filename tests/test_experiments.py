@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dlr_jax.config import load_config
+from dlr_jax.config import dump_config, load_config
 from dlr_jax.experiments import main as cli_main
 from dlr_jax.experiments import plots, report, runner
 from dlr_jax.experiments.plan import (
@@ -286,6 +286,7 @@ def test_an_evaluation_missing_a_configured_benchmark_runs_again(tmp_path):
     assert ev.benchmarks == ("synthetic",)
     assert ev_wide.benchmarks == ("synthetic", "synthetic_hard", "synthetic_reworded")
     assert ev_wide.argv[-2:] == ("--set", ood[0])  # the evaluation is told, not only the check
+    assert ev.argv[ev.argv.index("--config") + 1] == TINY  # and reads the eval section the check reads
     [results] = ev.done_files
     results.parent.mkdir(parents=True)
     results.write_text(json.dumps({"benchmarks": {"synthetic": {"n": 500}}}))
@@ -295,6 +296,19 @@ def test_an_evaluation_missing_a_configured_benchmark_runs_again(tmp_path):
     results.write_text("{not json")  # a half-written file is not a finished evaluation
     assert not ev_wide.is_done()
     assert all(not st.benchmarks for st in wider if st.kind == "train")
+
+
+def test_recipe_hash_ignores_later_config_keys_at_their_defaults():
+    """Runs recorded before data.synthetic_wording / synthetic_distractor_rate existed still merge with the
+    same recipe run today; a recipe that sets them is another recipe."""
+    import hashlib
+
+    cfg = _tiny()
+    before = "".join(line for line in dump_config(cfg).splitlines(keepends=True)
+                     if not line.strip().startswith(("synthetic_wording:", "synthetic_distractor_rate:")))
+    assert report.recipe_hash(cfg) == hashlib.sha256(before.encode()).hexdigest()[:16]
+    assert report.recipe_hash(_tiny("data.synthetic_wording=varied")) != report.recipe_hash(cfg)
+    assert report.recipe_hash(_tiny("data.synthetic_distractor_rate=0.5")) != report.recipe_hash(cfg)
 
 
 def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path, capsys):

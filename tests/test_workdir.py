@@ -84,6 +84,23 @@ def test_config_changes_need_the_flag_and_are_logged(tmp_path):
     assert set(config_diff(base, both)) == {"model.num_layers"}  # the flag itself is not a change
 
 
+def test_evaluation_settings_change_without_the_flag_and_are_logged(tmp_path):
+    """No training stage reads eval.*: a run may resume under new evaluation settings (e.g. experiments that add
+    benchmarks while seeds still train) with the change logged; anything else beside it still needs the flag."""
+    base = load_config(ROOT / "configs" / "tiny.yaml")
+    save_config(base, tmp_path / "config.yaml")
+    ev = load_config(ROOT / "configs" / "tiny.yaml", ["eval.benchmarks=[synthetic,synthetic_hard]"])
+    assert check_config_change(ev, tmp_path) == {"eval.benchmarks": (["synthetic"], ["synthetic", "synthetic_hard"])}
+    with open_run(ev, tmp_path):
+        pass
+    assert json.loads((tmp_path / CHANGES_NAME).read_text())["changes"] == {
+        "eval.benchmarks": {"old": ["synthetic"], "new": ["synthetic", "synthetic_hard"]}}
+    mixed = load_config(ROOT / "configs" / "tiny.yaml", ["eval.batch_size=8", "train.sft.learning_rate=3e-4"])
+    with pytest.raises(ConfigChangeRefused, match="train.sft.learning_rate") as e:
+        check_config_change(mixed, tmp_path)
+    assert "eval.batch_size" not in str(e.value)
+
+
 @pytest.fixture
 def used_workdir(tmp_path):
     """A workdir as a first run leaves it: config.yaml, the tokenizer, a stage checkpoint file."""

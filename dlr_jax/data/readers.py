@@ -10,6 +10,7 @@
 | math500    | test                                  | math500/test.jsonl                         |
 | math_train | train                                 | math_train/train.jsonl                     |
 | synthetic  | test, valid, train                    | generated (or `path`/<split>.txt)          |
+| synthetic_hard, synthetic_reworded | test, valid   | generated: GSM-Hard's / SVAMP's analogue   |
 
 `path` may be a file in the benchmark's format (user-supplied copy; `split` then only names the
 ids) or a directory laid out like the benchmark's folder. GSM8K-Aug "train" is the full 385,620-line
@@ -35,7 +36,6 @@ from dlr_jax.data.multiarith import read_multiarith
 from dlr_jax.data.paths import shared_data_dir
 from dlr_jax.data.records import Example
 from dlr_jax.data.svamp import read_svamp
-from dlr_jax.data.synthetic_variants import VARIANTS as SYNTHETIC_VARIANTS
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
 }
 SYNTHETIC = "synthetic"
 # SYNTHETIC_VARIANTS: generated, evaluation-only variants of it (GSM-Hard's and SVAMP's analogues).
+SYNTHETIC_VARIANTS = synthetic_variants.VARIANTS
 SYNTHETIC_FAMILY = (SYNTHETIC, *SYNTHETIC_VARIANTS)
 NAMES: tuple[str, ...] = (*BENCHMARKS, *SYNTHETIC_FAMILY)
 
@@ -170,7 +171,6 @@ def _checked(examples: list[Example], name: str, f: Path) -> list[Example]:
 
 
 def _load_synthetic(name: str, path: str | Path | None, split: str, **options: Any) -> list[Example]:
-
     if path is not None:
         f = benchmark_file(name, split, path)
         return _checked(read_gsm8k_aug(f, split=split, source=name), name, f)

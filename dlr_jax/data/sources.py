@@ -26,6 +26,8 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
                                    max_operand=d.synthetic_max_operand, max_value=d.synthetic_max_value,
                                    wording=d.synthetic_wording, distractor_rate=d.synthetic_distractor_rate),
         )
+    if benchmark != "synthetic":
+        raise ValueError(f"{benchmark} is a variant of the synthetic task; this config's dataset is {d.dataset!r}")
     return load_benchmark(d.dataset, path=d.path, split=split)
 
 

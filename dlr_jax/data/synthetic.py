@@ -139,7 +139,8 @@ def restyle(ex: Example, rng: random.Random, cfg: SyntheticConfig, *, wording: s
     if rate >= 1 or (rate > 0 and rng.random() < rate):
         other = rng.choice([m for m in NAMES if m != story["name"]])
         at = rng.randint(1, len(sentences) - 1)  # after the opening sentence, before the question
-        count = rng.randint(max(cfg.min_operand, 2), cfg.max_operand)
+        low = max(cfg.min_operand, 2)  # "has 1 apples" reads wrong
+        count = rng.randint(low, max(cfg.max_operand, low))
         sentences.insert(at, DISTRACTOR.format(m=other, c=count, i=story["item"]))
         extra["distractor_at"] = at
     return dataclasses.replace(ex, question=" ".join(sentences), extra=extra)
@@ -195,7 +196,8 @@ def synthetic_splits(
     only: Sequence[str] | None = None,
     max_tries_factor: int = 50,
 ) -> dict[str, list[Example]]:
-    """Disjoint splits (no question text in two splits or twice in one) from one seeded stream.
+    """Disjoint splits (no problem in two splits or twice in one) from one seeded stream. A config that
+    rewords problems or adds distractors (`plain` False) tells the same problems differently.
 
     Splits are filled in the order test, valid, train, so the test and valid problems do not
     change when the train size does. `only` stops once those splits are full (the earlier ones in
@@ -229,12 +231,12 @@ def synthetic_splits(
                 )
             budget -= 1
             ex = generate_problem(rng, cfg, example_id=f"synthetic/{split}/{len(items)}")
-            if not cfg.plain:  # the wording from its own stream: the problems stay the base task's
-                ex = restyle(ex, random.Random(f"{seed}/{ex.id}"), cfg)
-            if ex.question in seen:
+            if ex.question in seen:  # the base wording: a reworded repeat is still the same problem
                 duplicates += 1
                 continue
             seen.add(ex.question)
+            if not cfg.plain:  # the wording from its own stream: the problems stay the base task's
+                ex = restyle(ex, random.Random(f"{seed}/{ex.id}"), cfg)
             items.append(ex)
         out[split] = items
     log.info(

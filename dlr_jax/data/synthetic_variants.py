@@ -4,9 +4,11 @@
                         config's operands and values times HARD_SCALE), so the model meets numbers longer
                         than any it was trained on, as GSM-Hard swaps GSM8K's numbers for large ones.
     synthetic_reworded  SVAMP's analogue: the `synthetic` test problems themselves (same numbers, chain and
-                        answer, paired one to one by id) told in wording the training data never uses, with
-                        one irrelevant sentence (another person's count of the same item) inserted, as
-                        SVAMP rewords MAWPS problems and adds irrelevant quantities.
+                        answer, paired one to one by id with the base-wording test split) told in the
+                        reworded wording, which a base-wording run never trains on, with one irrelevant
+                        sentence (another person's count of the same item) inserted, as SVAMP rewords MAWPS
+                        problems and adds irrelevant quantities. A run trained with
+                        `data.synthetic_wording=varied` has seen this wording (then it is in-domain).
 
 A model trains on `synthetic` and is evaluated on these (`eval.benchmarks: [synthetic, synthetic_hard,
 synthetic_reworded]`); they have test and valid splits only. Both follow the run's seed and the data
@@ -29,6 +31,7 @@ HARD_SCALE = 10
 
 
 def hard_config(cfg: SyntheticConfig) -> SyntheticConfig:
+    """GSM-Hard's analogue of a task: operands and values HARD_SCALE times as large, the rest unchanged."""
     return dataclasses.replace(cfg, max_operand=cfg.max_operand * HARD_SCALE, max_value=cfg.max_value * HARD_SCALE)
 
 

@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlr_jax.config import dump_config
+import yaml
+
+from dlr_jax.config import to_dict
 from dlr_jax.experiments.plan import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT, Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
@@ -213,10 +215,19 @@ def cost(table: Mapping[str, Any], methods: Sequence[Method]) -> list[dict[str, 
     return out
 
 
+# Config keys added after runs had recorded their recipe: at these defaults they are left out of the hash,
+# so the same recipe run at an older commit (on another machine, say) still merges.
+LATER_KEYS = {("data", "synthetic_wording"): "base", ("data", "synthetic_distractor_rate"): 0.0}
+
+
 def recipe_hash(cfg: Any) -> str:
     """A short hash of the resolved config (file and `--set` list together): equal on two machines
     exactly when they train the same recipe, whatever path the config was given by."""
-    return hashlib.sha256(dump_config(cfg).encode()).hexdigest()[:16]
+    d = to_dict(cfg)
+    for (section, key), default in LATER_KEYS.items():
+        if d.get(section, {}).get(key, default) == default:
+            d.get(section, {}).pop(key, None)
+    return hashlib.sha256(yaml.safe_dump(d, sort_keys=False).encode()).hexdigest()[:16]
 
 
 def load_merge(path: Path, exp: Experiment, *, config: str, overrides: Sequence[str],

@@ -62,7 +62,9 @@ def build_steps(exp: Experiment, *, root: Path, config: str, overrides: Sequence
                                   tuple(w / d / "final" / "meta.json" for d in v.done_dirs(stage)), w, tuple(links),
                                   logs / f"seed{s}_{v.name}_{stage}.log"))
             for m in (m for m in exp.methods if m.variant == v.name):
-                argv = [python, "-m", "dlr_jax.evaluate", "--workdir", str(w), "--stage", m.stage, "--no-progress"]
+                # --config: its eval section (then the --set ones) is what `benchmarks` below checks for
+                argv = [python, "-m", "dlr_jax.evaluate", "--workdir", str(w), "--stage", m.stage, "--config", config,
+                        "--no-progress"]
                 if m.force_latents is not None:
                     argv += ["--force-latents", str(m.force_latents), "--tag", m.tag]
                 for o in evals:
@@ -173,7 +175,8 @@ def run_steps(steps: Sequence[Step], *, after_results: Callable[[int], None] | N
                         f"{_tail(st.log)}")
                     return rc
                 if not st.is_done():
-                    out(f"{head}: exited 0 but {', '.join(map(str, st.done_files))} is missing; see {st.log}")
+                    what = f" with benchmarks {', '.join(st.benchmarks)}" if st.benchmarks else ""
+                    out(f"{head}: exited 0 but {', '.join(map(str, st.done_files))}{what} is missing; see {st.log}")
                     return 1
                 out(f"{head}: done in {time.perf_counter() - t0:.0f}s "
                     f"(total {(time.perf_counter() - t_start) / 60:.1f} min)")

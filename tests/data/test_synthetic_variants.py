@@ -121,3 +121,19 @@ def test_the_data_section_carries_the_wording_to_every_stage():
 def test_bad_wording_settings_are_refused(bad):
     with pytest.raises(ValueError, match="wording|distractor_rate"):
         SyntheticConfig(**bad)
+
+
+def test_restyled_repeats_are_still_rejected_so_no_problem_crosses_splits():
+    """Duplicates are judged on the base wording: in a small problem space many draws repeat a problem, and a
+    repeat told in other words (or with a distractor) must not slip into train as a 'new' problem."""
+    small = SyntheticConfig(max_steps=1, max_operand=4, max_value=20)
+    sizes = {"test": 100, "valid": 50, "train": 600}
+    base = synthetic_splits(sizes, seed=0, config=small)
+    varied = synthetic_splits(sizes, seed=0, config=SyntheticConfig(max_steps=1, max_operand=4, max_value=20,
+                                                                    wording="varied", distractor_rate=0.5))
+    stories = {}
+    for split in sizes:
+        assert [(e.id, e.cot, e.answer) for e in varied[split]] == [(e.id, e.cot, e.answer) for e in base[split]]
+        stories[split] = [" ".join(phrase(e.extra)) for e in varied[split]]
+    every = [q for split in sizes for q in stories[split]]
+    assert len(set(every)) == len(every)  # no problem twice, within or across splits
