@@ -298,6 +298,23 @@ def test_an_evaluation_missing_a_configured_benchmark_runs_again(tmp_path):
     assert all(not st.benchmarks for st in wider if st.kind == "train")
 
 
+def test_no_share_of_a_gap_too_small_to_measure(tmp_path):
+    """On a benchmark where CoT-SFT barely beats Direct-SFT (the out-of-domain analogues: 2-3 % for every
+    method) a share of the gap is noise over noise (+100 ± 163 %): the report says so instead."""
+    main = experiment("main", _tiny())
+    acc = {"Direct-SFT": [0.020, 0.024], "CoT-SFT": [0.026, 0.030], "DLR-SFT": [0.030, 0.020],
+           "DLR-Full": [0.022, 0.022]}
+    for s in range(2):
+        for m in main.methods:
+            _results(tmp_path, s, m, acc[m.label][s], 4.0, 10.0, 0.002)
+    res = report.build(main, root=tmp_path, seeds=[0, 1], command="cmd", config=TINY, overrides=[], steps_done=1,
+                       steps_total=1)
+    assert res["gap_closed"]["synthetic"]["DLR-SFT"] == {"too_small": True, "gap": pytest.approx(0.006)}
+    md = report.markdown(res)
+    assert "Share of the Direct-SFT → CoT-SFT gap not reported for DLR-SFT, DLR-Full: the gap is 0.6 points" in md
+    assert "gap closed" not in md
+
+
 def test_recipe_hash_ignores_later_config_keys_at_their_defaults():
     """Runs recorded before data.synthetic_wording / synthetic_distractor_rate existed still merge with the
     same recipe run today; a recipe that sets them is another recipe."""
