@@ -124,18 +124,16 @@ def phrase(story: Mapping[str, Any], reworded: bool | Sequence[bool] = False) ->
     return [*out, (REWORDED_QUESTION if flags[-1] else QUESTION).format(n=n, i=i)]
 
 
-def restyle(ex: Example, rng: random.Random, cfg: SyntheticConfig, *, wording: str | None = None,
-            distractor_rate: float | None = None) -> Example:
-    """`ex` (a generated problem) told in `wording` (default: cfg's), with one irrelevant sentence inserted
-    with probability `distractor_rate` (default: cfg's); its chain and answer are unchanged. Draws only
-    from `rng`, so the problems themselves stay those of the base task."""
-    wording = cfg.wording if wording is None else wording
-    rate = cfg.distractor_rate if distractor_rate is None else distractor_rate
+def restyle(ex: Example, rng: random.Random, cfg: SyntheticConfig) -> Example:
+    """`ex` (a generated problem) told in `cfg.wording`, with one irrelevant sentence inserted with probability
+    `cfg.distractor_rate`; its chain and answer are unchanged. Draws only from `rng`, so the problems
+    themselves stay those of the base task."""
     story = ex.extra
     n = len(story["ops"]) + 2
-    flags = [rng.random() < 0.5 for _ in range(n)] if wording == "varied" else [wording == "reworded"] * n
+    flags = [rng.random() < 0.5 for _ in range(n)] if cfg.wording == "varied" else [cfg.wording == "reworded"] * n
     sentences = phrase(story, flags)
     extra = {**story, "reworded": flags}
+    rate = cfg.distractor_rate
     if rate >= 1 or (rate > 0 and rng.random() < rate):
         other = rng.choice([m for m in NAMES if m != story["name"]])
         at = rng.randint(1, len(sentences) - 1)  # after the opening sentence, before the question

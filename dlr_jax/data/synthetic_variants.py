@@ -39,7 +39,8 @@ def reword(ex: Example, *, seed: int, cfg: SyntheticConfig) -> Example:
     """`ex` (a synthetic problem) in the reworded wording with one distractor sentence; its chain and answer
     are unchanged. The distractor is drawn from its own stream (seed and id), so the problems stay those of
     `synthetic`'s split."""
-    out = restyle(ex, random.Random(f"{seed}/{ex.id}"), cfg, wording="reworded", distractor_rate=1.0)
+    always = dataclasses.replace(cfg, wording="reworded", distractor_rate=1.0)
+    out = restyle(ex, random.Random(f"{seed}/{ex.id}"), always)
     return dataclasses.replace(out, id=REWORDED + ex.id.removeprefix("synthetic"), source=REWORDED)
 
 
