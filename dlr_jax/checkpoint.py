@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh
 
+from dlr_jax.files import write_text_atomic
 from dlr_jax.sharding import make_mesh, state_shardings
 
 
@@ -24,7 +25,7 @@ def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] 
     ckptr.save(out / "params", nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=True)
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
-        (out / "meta.json").write_text(json.dumps(dict(meta or {}), indent=2))
+        write_text_atomic(out / "meta.json", json.dumps(dict(meta or {}), indent=2))
     return out
 
 

@@ -4,12 +4,13 @@ progress bar, and the profiler window's checks."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from dlr_jax.files import write_text_atomic
 
 
 def profile_window_problem(prof: tuple[int, int], start: int, total: int) -> str | None:
@@ -58,9 +59,7 @@ def truncate_metrics(path: Path, after_step: int) -> int:
     lines = path.read_text().splitlines(keepends=True)
     keep = [ln for ln in lines if not ln.strip() or json.loads(ln).get("step", 0) <= after_step]
     if len(keep) != len(lines):
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(keep))
-        os.replace(tmp, path)  # atomic: a kill here leaves the old or the new file, never half
+        write_text_atomic(path, "".join(keep))  # a kill here leaves the old or the new file, never half
     return len(lines) - len(keep)
 
 

@@ -27,6 +27,8 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
+from dlr_jax.files import atomic_path, write_text_atomic
+
 LATENT_START, LATENT_END = "<latent>", "</latent>"
 ANSWER_START, ANSWER_END = "<answer>", "</answer>"
 BOUNDARY_TOKENS = (LATENT_START, LATENT_END, ANSWER_START, ANSWER_END)
@@ -255,8 +257,9 @@ class Tokenizer:
         """Writes `tokenizer.json` (HF format, readable by transformers) and `dlr_tokens.json`."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(d / TOKENIZER_FILE))
-        (d / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n")
+        with atomic_path(d / TOKENIZER_FILE) as tmp:  # other processes may be loading it
+            self.backend.save(str(tmp))
+        write_text_atomic(d / META_FILE, json.dumps(self.meta(), indent=2) + "\n")
         return d
 
     @classmethod

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from dlr_jax.config.base import ConfigError
+from dlr_jax.files import write_text_atomic
 
 BASE_KEY = "base"  # a YAML file's `base: other.yaml` (or a list) is read first and deep-merged under it
 
@@ -232,8 +233,6 @@ def dump_config(cfg: Any) -> str:
 
 
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
-    with open(path, "w") as f:
-        if str(path).endswith(".json"):
-            json.dump(to_dict(cfg), f, indent=2)
-        else:
-            f.write(dump_config(cfg))
+    """Writes `cfg` as YAML (JSON for a .json path), atomically: other processes read config.yaml."""
+    text = json.dumps(to_dict(cfg), indent=2) if str(path).endswith(".json") else dump_config(cfg)
+    write_text_atomic(path, text)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from dlr_jax.data.records import DataFormatError, Example, iter_jsonl, require
+from dlr_jax.files import atomic_path
 
 LATENTS_DIR = "latents"
 RECORD_FIELDS = ("question", "cot", "answer", "source", "extra")
@@ -112,14 +113,12 @@ def write_latents(
     """Writes one line per example (in the given order): id, latents, n and the record fields."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(p) as tmp, open(tmp, "w", encoding="utf-8") as f:  # a crash leaves no half file
         for ex in examples:
             codes = [int(c) for c in latents[ex.id]]
             rec: dict[str, Any] = {"id": ex.id, "latents": codes, "n": len(codes)}
             rec |= {k: v for k, v in ex.to_dict().items() if k != "id"}
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.replace(tmp, p)  # a crashed export never leaves a half-written file under the real name
     return p
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.data.records import Example
+from dlr_jax.files import write_text_atomic
 
 PARTS = ("sft", "rl")
 PROTOCOL_FILE = "data_protocol.json"
@@ -97,5 +98,4 @@ def record(workdir: str | Path, info: dict[str, Any]) -> Path:
             )
         return f
     f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps(info, indent=2) + "\n")
-    return f
+    return write_text_atomic(f, json.dumps(info, indent=2) + "\n")

@@ -41,7 +41,6 @@ import functools
 import hashlib
 import io
 import json
-import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -61,6 +60,7 @@ from tqdm import tqdm
 
 from dlr_jax import render
 from dlr_jax.data import render_pipeline as rp
+from dlr_jax.files import write_text_atomic
 
 FORMAT = 1
 BUILDER = "dlr_render_corpus"
@@ -178,9 +178,7 @@ def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
                                    "render into a new --out, or delete it first")
         return
     out.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(path)  # atomic: shards rendered by several processes write the same content
+    write_text_atomic(path, json.dumps(manifest, indent=2))  # shards rendered by several processes write it
 
 
 def _describe(diff: dict[str, tuple[Any, Any]]) -> str:

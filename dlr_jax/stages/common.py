@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from dlr_jax.config import Config, ModelConfig, save_config
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
+from dlr_jax.files import write_text_atomic
 from dlr_jax.hf_config import model_config_from_hf
 from dlr_jax.sharding import create_sharded, mesh_from_config
 from dlr_jax.tokens import Tokenizer, train_bpe
@@ -119,7 +120,7 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
         d = stage_dir(workdir, stage)
         d.mkdir(parents=True, exist_ok=True)
         info = {"num_epochs": tcfg.num_epochs, "examples": n, "per_step": per_step, "num_steps": steps}
-        (d / "schedule.json").write_text(json.dumps(info, indent=2) + "\n")
+        write_text_atomic(d / "schedule.json", json.dumps(info, indent=2) + "\n")
     return dataclasses.replace(tcfg, num_steps=steps)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from dlr_jax.config import Config
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.sources import load_examples
+from dlr_jax.files import write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.models.vq import code_usage
 from dlr_jax.stages import common
@@ -65,5 +66,5 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     d = final_dir(workdir, STAGE)
     d.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
-        (d / "meta.json").write_text(json.dumps({"stage": STAGE, "kind": "latents", "splits": info}, indent=2))
+        write_text_atomic(d / "meta.json", json.dumps({"stage": STAGE, "kind": "latents", "splits": info}, indent=2))
     return info

@@ -31,6 +31,7 @@ from jax.sharding import Mesh
 
 from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import Config
+from dlr_jax.files import write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
 from dlr_jax.ocr_text import VOCAB
@@ -172,15 +173,17 @@ def _check_branch_flip(workdir: str | Path, on: bool) -> None:
                 f"{'on' if on else 'off'} (latent.dual_branch={'on' if was else 'off'} resumes it); to start "
                 f"over with the branch {'on' if on else 'off'}, move {d} away"
             )
-    d.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"on": on}) + "\n")
+    if jax.process_index() == 0:  # one writer, atomically: the other processes read it on resume
+        d.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(marker, json.dumps({"on": on}) + "\n")
 
 
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> TrainResult:
     branch = resolve_dual_branch(cfg, workdir)
     _check_branch_flip(workdir, branch is not None)
     stale = decoder_dir(workdir)
-    if branch is None and stale.exists():  # an earlier run's decoder must not outlive it (process reward)
+    if branch is None and stale.exists() and jax.process_index() == 0:  # one process moves it
+        # An earlier run's decoder must not outlive it: the process reward would read it.
         moved = stale.with_name(f"decoder.stale-{time.strftime('%Y%m%d-%H%M%S')}")
         stale.rename(moved)
         print(f"[sft] dual branch off: moved the earlier run's OCR decoder {stale} to {moved}; the process "

@@ -326,3 +326,16 @@ def test_branch_clips_the_ocr_gradients_apart_from_the_lm(setup, trained, monkey
     labels = {jax.tree_util.keystr(p): group(tuple(key_name(k) for k in p)) for p in paths(params)}
     assert ocr and {k for k, g in labels.items() if g == "ocr"} == ocr
     assert any(g == "lm" for g in labels.values())
+
+
+def test_branch_marker_is_written_by_process_zero_only(tmp_path, monkeypatch):
+    """Every process checks sft/dual_branch.json on resume while process 0 writes it: the other
+    processes must not rewrite it (a truncated marker read as JSON failed a 2-process run)."""
+    from dlr_jax.stages import sft
+
+    monkeypatch.setattr(sft.jax, "process_index", lambda: 1)
+    sft._check_branch_flip(tmp_path, True)
+    assert not (tmp_path / "sft" / "dual_branch.json").exists()
+    monkeypatch.setattr(sft.jax, "process_index", lambda: 0)
+    sft._check_branch_flip(tmp_path, True)
+    assert (tmp_path / "sft" / "dual_branch.json").read_text() == '{"on": true}\n'

@@ -1,0 +1,34 @@
+"""Files that another process may read while this one writes them.
+
+In a multi-process run every rank reads the workdir's shared files (config.yaml, the tokenizer, the
+sft dual-branch marker, checkpoint meta.json) while process 0 rewrites them at its own pace; a plain
+`write_text` truncates first, so a reader can see an empty or half-written file. These helpers write
+under a temporary name in the same directory and rename: a reader sees the old file or the new one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary path beside `path`; when the block ends without an error, renames it onto
+    `path` (os.replace is atomic on POSIX). On an error the temporary file is removed, `path` untouched."""
+    dest = Path(path)
+    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")  # per process: two writers never share one
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """`Path(path).write_text(text)`, but readers never see a partial file."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
