@@ -26,6 +26,10 @@ def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] 
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
         write_text_atomic(out / "meta.json", json.dumps(dict(meta or {}), indent=2))
+    if jax.process_count() > 1:  # the others may read meta.json next (the next stage, or a done-check)
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"save_params {out}")
     return out
 
 

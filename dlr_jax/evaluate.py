@@ -59,6 +59,7 @@ from dlr_jax.data.readers import SYNTHETIC_FAMILY
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.eval_stats import STD_NOTE, format_table, length_sorted_batches, mean_std, summarise
+from dlr_jax.files import atomic_path, write_text_atomic
 from dlr_jax.handoff import load_stage_model
 from dlr_jax.latent_grammar import eval_vocab_mask, latent_phase_processor, latent_processor_aux
 from dlr_jax.machine import git_commit
@@ -344,10 +345,11 @@ def run_benchmarks(
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         suffix = f"_{tag}" if tag else ""
-        (out / f"results{suffix}.json").write_text(json.dumps(results, indent=2) + "\n")
-        with open(out / f"samples{suffix}.jsonl", "w") as f:
+        # The samples first: results.json is what marks an evaluation done (the experiments runner).
+        with atomic_path(out / f"samples{suffix}.jsonl") as tmp, open(tmp, "w") as f:
             for s in all_samples:
                 f.write(json.dumps(s) + "\n")
+        write_text_atomic(out / f"results{suffix}.json", json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,9 +18,14 @@ from pathlib import Path
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yields a temporary path beside `path`; when the block ends without an error, renames it onto
-    `path` (os.replace is atomic on POSIX). On an error the temporary file is removed, `path` untouched."""
+    `path` (os.replace is atomic on POSIX). On an error the temporary file is removed, `path` untouched.
+
+    The result is a new file: it has the default mode, and a symlink at `path` is replaced, not written
+    through. Write to the yielded path itself (`open(tmp, "wb")`): writers that add a suffix to a
+    name they are given (np.save) would miss it."""
     dest = Path(path)
-    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")  # per process: two writers never share one
+    # Host, pid and a random part: writers on hosts sharing a filesystem may have equal pids.
+    tmp = dest.with_name(f".{dest.name}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         yield tmp
         os.replace(tmp, dest)

@@ -257,9 +257,11 @@ class Tokenizer:
         """Writes `tokenizer.json` (HF format, readable by transformers) and `dlr_tokens.json`."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        with atomic_path(d / TOKENIZER_FILE) as tmp:  # other processes may be loading it
-            self.backend.save(str(tmp))
+        # Atomic (other processes may be loading them), the metadata first: a directory whose
+        # tokenizer.json exists is complete (stages.common.get_tokenizer looks for that file).
         write_text_atomic(d / META_FILE, json.dumps(self.meta(), indent=2) + "\n")
+        with atomic_path(d / TOKENIZER_FILE) as tmp:
+            self.backend.save(str(tmp))
         return d
 
     @classmethod

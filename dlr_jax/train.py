@@ -25,7 +25,7 @@ from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, dump_config, load_config
 from dlr_jax.data.records import DataFormatError
 from dlr_jax.preflight import check_counts
-from dlr_jax.workdir import WorkdirLocked, open_run
+from dlr_jax.workdir import RunRefused, WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
@@ -80,6 +80,18 @@ def _process_index() -> int:
     return jax.process_index()
 
 
+def _all_processes_ok(ok: bool) -> bool:
+    """Whether every process of the run says ok (one process: `ok`). A collective: all call it once."""
+    import jax
+
+    if jax.process_count() == 1:
+        return ok
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.train",
@@ -129,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         maybe_initialize_distributed()
         enable_compile_cache()  # GPU/TPU: a rerun or the next stage reuses compiled steps (compile_cache.py)
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
-            with open_run(cfg, args.workdir, lock=_process_index() == 0):
+            with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=_all_processes_ok):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-        except (WorkdirLocked, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
+        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
             print(f"error: {e}", file=sys.stderr)
             return 2
     code = preemption.exit_code()

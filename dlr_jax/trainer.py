@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dlr_jax import preemption
 from dlr_jax.config import TrainConfig
+from dlr_jax.iterator_state import gather_states, own_state
 from dlr_jax.metrics_log import MetricsWriter, jsonable, parse_profile, profile_window_problem, progress
 from dlr_jax.optimizer import make_optimizer, opt_state_shardings
 from dlr_jax.preflight import check_train_config
@@ -261,7 +262,9 @@ class Trainer:
         if jax.tree.leaves(self.rest):  # Orbax refuses empty items (everything trainable)
             items["rest"] = ocp.args.StandardSave(self.rest)
         if data_iter is not None and hasattr(data_iter, "get_state"):
-            items["data"] = ocp.args.JsonSave(jsonable(data_iter.get_state()))
+            # Every process's position (Orbax writes JSON from process 0 only: iterator_state.py).
+            state = gather_states(jsonable(data_iter.get_state()), jax.process_count())
+            items["data"] = ocp.args.JsonSave(state)
         self.ckpt.save(self.step, args=ocp.args.Composite(**items), force=force)
 
     def restore(self, data_iter: Any = None, step: int | None = None) -> bool:
@@ -285,7 +288,7 @@ class Trainer:
             self.rest = restored["rest"]
         self.step = int(restored["meta"]["step"])
         if has_data and data_iter is not None and hasattr(data_iter, "set_state"):
-            data_iter.set_state(restored["data"])
+            data_iter.set_state(own_state(restored["data"], jax.process_index(), jax.process_count()))
         return True
 
     def finalize(self) -> nnx.Module:

@@ -15,7 +15,9 @@
    allowed change is appended to `<workdir>/config_changes.jsonl`, so the record says which steps
    ran under which values.
 
-Multi-process runs: only process 0 takes the lock (the others write through it).
+Multi-process runs: only process 0 takes the lock and checks the config (the others write through
+it); with a `vote`, every process learns whether process 0 started, so none waits alone at the first
+collective for a process that exited with an error.
 
 The layout (DESIGN.md "Workdir"), which every stage, evaluation and export agree on:
 
@@ -30,7 +32,7 @@ import datetime
 import json
 import os
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -238,23 +240,37 @@ def record_changes(workdir: str | Path, changes: Mapping[str, tuple[Any, Any]]) 
         fh.write(json.dumps(row, default=str) + "\n")
 
 
+class RunRefused(RuntimeError):
+    """Another process of a multi-process run did not start it (its own error says why)."""
+
+
 @contextlib.contextmanager
-def open_run(cfg: Config, workdir: str | Path, *, lock: bool = True) -> Iterator[None]:
+def open_run(
+    cfg: Config, workdir: str | Path, *, lock: bool = True, vote: Callable[[bool], bool] | None = None
+) -> Iterator[None]:
     """The lock, then the config check (nothing written if it fails), for the duration of a run.
-    lock=False (processes other than 0 of a multi-process run): neither; process 0 does both."""
+    lock=False (processes other than 0 of a multi-process run): neither; process 0 does both.
+    `vote(ok) -> all ok` (a collective every process calls once): process 0 votes whether its lock and
+    check passed; the others raise `RunRefused` when it did not, instead of hanging."""
     held = WorkdirLock(workdir)
     if lock:
         existed = Path(workdir).exists()
-        held.acquire()
         try:
+            held.acquire()
             changes = check_config_change(cfg, workdir)
         except BaseException:
             held.release()
             if not existed:  # leave no empty workdir behind
                 with contextlib.suppress(OSError):
                     Path(workdir).rmdir()
+            if vote is not None:
+                with contextlib.suppress(Exception):  # the error below is the one to report
+                    vote(False)
             raise
         record_changes(workdir, changes)
+    if vote is not None and not vote(True):
+        held.release()
+        raise RunRefused(f"{workdir}: process 0 did not start this run (its error says why); nothing was done here")
     try:
         yield
     finally:

@@ -4,6 +4,7 @@ written (the multi-process race behind a JSONDecodeError on the sft dual-branch 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,20 @@ def test_temporary_names_differ_between_processes(tmp_path):
     with atomic_path(tmp_path / "x") as tmp:
         assert str(os.getpid()) in tmp.name and tmp.parent == tmp_path
         tmp.write_text("x")
+
+
+def test_the_files_other_processes_read_go_through_the_rename(tmp_path, monkeypatch):
+    """config.yaml, the tokenizer, data_protocol.json and checkpoint meta.json: a plain write here
+    would reopen the race (another rank reading a truncated file)."""
+    import dlr_jax.files as files
+    from dlr_jax.config import load_config, save_config
+    from dlr_jax.data import protocol
+    from dlr_jax.tokens import train_bpe
+
+    renamed: list[str] = []
+    real = files.os.replace
+    monkeypatch.setattr(files.os, "replace", lambda a, b: (renamed.append(Path(b).name), real(a, b)))
+    save_config(load_config(Path(__file__).parents[1] / "configs" / "tiny.yaml"), tmp_path / "config.yaml")
+    train_bpe(["Sam has 4 coins. <<4+9=13>> 13"] * 4, 300, num_latents=4, pad_multiple=64).save(tmp_path / "tok")
+    protocol.record(tmp_path, {"examples": 1})
+    assert renamed == ["config.yaml", "dlr_tokens.json", "tokenizer.json", protocol.PROTOCOL_FILE]

@@ -17,6 +17,7 @@ from dlr_jax.workdir import (
     CHANGES_NAME,
     LOCK_NAME,
     ConfigChangeRefused,
+    RunRefused,
     WorkdirLock,
     WorkdirLocked,
     check_config_change,
@@ -82,6 +83,29 @@ def test_config_changes_need_the_flag_and_are_logged(tmp_path):
     with pytest.raises(ConfigChangeRefused, match=r"refusing to change model\.num_layers: 2 -> 3"):
         check_config_change(both, tmp_path)
     assert set(config_diff(base, both)) == {"model.num_layers"}  # the flag itself is not a change
+
+
+def test_processes_learn_that_process_0_refused_the_run(tmp_path):
+    """Multi-process: only process 0 locks and checks; it votes no when that fails, and the others,
+    which would otherwise wait at the first collective for a process that exited, raise RunRefused."""
+    base = load_config(ROOT / "configs" / "tiny.yaml")
+    save_config(base, tmp_path / "config.yaml")
+    changed = load_config(ROOT / "configs" / "tiny.yaml", ["model.num_layers=3"])
+    votes: list[bool] = []
+
+    def vote(ok: bool) -> bool:  # the all-gather of two processes, process 0 having voted `votes[0]`
+        votes.append(ok)
+        return all(votes)
+
+    with pytest.raises(ConfigChangeRefused), open_run(changed, tmp_path, lock=True, vote=vote):
+        pass
+    assert votes == [False] and not (tmp_path / LOCK_NAME).exists()
+    with pytest.raises(RunRefused, match="process 0 did not start this run"), \
+            open_run(changed, tmp_path, lock=False, vote=vote):
+        pytest.fail("the run body must not start")
+    votes.clear()
+    with open_run(base, tmp_path, lock=True, vote=vote):
+        assert votes == [True] and (tmp_path / LOCK_NAME).is_file()
 
 
 def test_evaluation_settings_change_without_the_flag_and_are_logged(tmp_path):

@@ -85,8 +85,9 @@ def ids_digest(examples: Sequence[Example]) -> str:
     return h.hexdigest()[:16]
 
 
-def record(workdir: str | Path, info: dict[str, Any]) -> Path:
-    """Writes (or checks against) `<workdir>/data_protocol.json`: a rerun must see the same split."""
+def record(workdir: str | Path, info: dict[str, Any], *, write: bool = True) -> Path:
+    """Writes (or checks against) `<workdir>/data_protocol.json`: a rerun must see the same split.
+    write=False (processes other than 0): only the check, so every process refuses a changed split."""
     f = Path(workdir) / PROTOCOL_FILE
     if f.is_file():
         old = json.loads(f.read_text())
@@ -96,6 +97,8 @@ def record(workdir: str | Path, info: dict[str, Any]) -> Path:
                 f"{f}: this run's data protocol differs from the recorded one in {diff}; the stages of one "
                 "workdir must train on one split (use a new workdir)"
             )
+        return f
+    if not write:
         return f
     f.parent.mkdir(parents=True, exist_ok=True)
     return write_text_atomic(f, json.dumps(info, indent=2) + "\n")

@@ -46,6 +46,7 @@ from dlr_jax.checkpoint import save_params
 from dlr_jax.config import Config, to_dict
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.sources import corpus_texts
+from dlr_jax.files import atomic_path, write_text_atomic
 from dlr_jax.models.codebook_model import (
     CodebookModel,
     CodebookModelConfig,
@@ -423,7 +424,9 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
 
     model = result.model
     codebook = np.asarray(model.vq.codebook[...])
-    np.save(out / "codebook.npy", codebook)
+    if jax.process_index() == 0:  # every process holds the same codebook; one writes it
+        with atomic_path(out / "codebook.npy") as tmp, open(tmp, "wb") as f:
+            np.save(f, codebook)
     report: dict[str, Any] = {
         "K": mcfg.num_codes, "d_c": mcfg.code_dim, "steps": result.step, "alpha_steps": alpha_steps,
         "warmup_steps": cb.warmup_steps, "warmup_whole_steps": cb.warmup_whole_steps,
@@ -441,7 +444,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     _, used, ppl = code_usage(jnp.asarray(np.concatenate([np.asarray(z) for z in ids])), mcfg.num_codes)
     report["train_sample"] = {"examples": len(sample), "perplexity": float(ppl), "used_codes": int(used),
                               "encoder_vq_images_per_s": enc_rate}
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    if jax.process_index() == 0:  # every process holds the same report; one writes it
+        write_text_atomic(out / "report.json", json.dumps(report, indent=2))
     save_params(model, final_dir(workdir, STAGE),
                 {"stage": STAGE, "kind": "codebook", "model": mcfg.to_dict(), "codebook": to_dict(cb),
                  "steps": result.step})

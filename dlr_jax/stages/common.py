@@ -98,8 +98,7 @@ def stage_examples(
         **{f"{p}_examples": len(parts[p]) for p in protocol.PARTS},
         **{f"{p}_ids_sha256": protocol.ids_digest(parts[p]) for p in protocol.PARTS},
     }
-    if jax.process_index() == 0:
-        protocol.record(workdir, info)
+    protocol.record(workdir, info, write=jax.process_index() == 0)  # a changed split stops every process
     return parts[part]
 
 

@@ -59,3 +59,13 @@ def test_record_refuses_a_different_split(tmp_path):
     protocol.record(tmp_path, dict(info))  # same protocol: fine
     with pytest.raises(ValueError, match=r"differs from the recorded one in \['rl_examples'\]"):
         protocol.record(tmp_path, {**info, "rl_examples": 4})
+
+
+def test_processes_other_than_0_check_the_recorded_split_but_never_write_it(tmp_path):
+    info = {"examples": 10, "sft_ids_sha256": "ab"}
+    protocol.record(tmp_path, info, write=False)
+    assert not (tmp_path / protocol.PROTOCOL_FILE).exists()
+    protocol.record(tmp_path, info)
+    protocol.record(tmp_path, info, write=False)
+    with pytest.raises(ValueError, match=r"differs from the recorded one in \['examples'\]"):
+        protocol.record(tmp_path, {**info, "examples": 11}, write=False)
