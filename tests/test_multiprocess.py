@@ -54,24 +54,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(workdir: Path, procs: int) -> None:
-    """`procs` ranks of tests/mp_driver.py, 8 // procs CPU devices each; both must exit 0."""
+def _start(workdir: Path, procs: int, stages: str = STAGES, sets: list[str] = SETS,
+           timeout: int = 540) -> tuple[list[int], list[str]]:
+    """`procs` ranks of tests/mp_driver.py, 8 // procs CPU devices each: their exit codes and outputs."""
     port, ranks = _free_port(), []
     for i in range(procs):
         env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // procs}")
         env |= {"DLR_COORDINATOR": f"127.0.0.1:{port}", "DLR_NUM_PROCESSES": str(procs), "DLR_PROCESS_ID": str(i)}
-        ranks.append(subprocess.Popen([sys.executable, "-m", "tests.mp_driver", str(workdir), STAGES, *SETS], cwd=ROOT,
+        ranks.append(subprocess.Popen([sys.executable, "-m", "tests.mp_driver", str(workdir), stages, *sets], cwd=ROOT,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
     try:
         for p in ranks:
-            outs.append(p.communicate(timeout=540)[0])
+            outs.append(p.communicate(timeout=timeout)[0])
     finally:
         for p in ranks:
             if p.poll() is None:
                 p.kill()
-    for i, (p, out) in enumerate(zip(ranks, outs, strict=True)):
-        assert p.returncode == 0, f"rank {i} exited {p.returncode}:\n{out[-4000:]}"
+    return [p.returncode for p in ranks], outs
+
+
+def _run(workdir: Path, procs: int) -> None:
+    """The stages as `procs` processes; every one must exit 0."""
+    codes, outs = _start(workdir, procs)
+    for i, (code, out) in enumerate(zip(codes, outs, strict=True)):
+        assert code == 0, f"rank {i} exited {code}:\n{out[-4000:]}"
     # metrics are printed once (rank 0), not once per process
     assert "[rl] step 1/1" in outs[0] and all("[rl] step" not in o for o in outs[1:])
 
@@ -123,3 +130,16 @@ def test_two_processes_match_one_process(prepared, tmp_path):
     s1, s2 = _lines(one / "rl" / "eval" / "samples.jsonl"), _lines(two / "rl" / "eval" / "samples.jsonl")
     assert [s["prediction"] for s in s1] == [s["prediction"] for s in s2]
     assert (two / "rl" / "final" / "meta.json").is_file()
+
+
+def test_a_run_process_0_refuses_stops_every_process(prepared, tmp_path):
+    """Only process 0 checks the config; when it refuses (here a model change), the other process must
+    exit with the reason, not wait at the first collective for a process that is gone."""
+    w = tmp_path / "w"
+    shutil.copytree(prepared, w)
+    sets = [s for s in SETS if not s.startswith("model.num_layers=")] + ["model.num_layers=2"]
+    codes, outs = _start(w, 2, stages="sft", sets=sets, timeout=240)
+    assert codes == [2, 2], outs
+    assert "refusing to change model.num_layers: 1 -> 2" in outs[0]
+    assert "process 0 did not start this run" in outs[1]
+    assert not (w / "sft").exists()
