@@ -13,7 +13,8 @@
    in the workdir belong to the old values. Other keys (learning rates, step counts, intervals,
    sampling, evaluation, the mesh) are refused too unless `run.allow_config_change=true`; then each
    allowed change is appended to `<workdir>/config_changes.jsonl`, so the record says which steps
-   ran under which values.
+   ran under which values. Keys no training step reads (eval.*, a stage's progress bar) change without
+   the flag and are logged the same way.
 
 Multi-process runs: only process 0 takes the lock and checks the config (the others write through
 it); with a `vote`, every process learns whether process 0 started, so none waits alone at the first
@@ -81,6 +82,8 @@ SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.d
 # Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a
 # benchmark to a run that is still training (python -m dlr_jax.experiments ... --set eval.benchmarks=[...]) resumes.
 TRAINING_NEUTRAL = ("eval.",)
+# Display settings (a stage's progress bar): no step reads them, so turning one off on resume needs no flag either.
+DISPLAY_ONLY = (".progress",)
 # Codebook keys that are training knobs, not the networks or the corpus they read.
 CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
@@ -221,7 +224,7 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
             "--workdir (or --init-from a finished stage)."
             + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
         )
-    flagged = {k: v for k, v in safe.items() if not k.startswith(TRAINING_NEUTRAL)}
+    flagged = {k: v for k, v in safe.items() if not k.startswith(TRAINING_NEUTRAL) and not k.endswith(DISPLAY_ONLY)}
     if flagged and not getattr(cfg.run, "allow_config_change", False):
         raise ConfigChangeRefused(
             f"{workdir}: this run's config differs from the recorded {f}: {show(flagged)}. Rerun without the "

@@ -125,6 +125,16 @@ def test_evaluation_settings_change_without_the_flag_and_are_logged(tmp_path):
     assert "eval.batch_size" not in str(e.value)
 
 
+
+def test_turning_a_progress_bar_off_on_resume_needs_no_flag(tmp_path):
+    base = load_config(ROOT / "configs" / "tiny.yaml")
+    save_config(base, tmp_path / "config.yaml")
+    quiet = load_config(ROOT / "configs" / "tiny.yaml", ["train.sft.progress=false", "codebook.train.progress=false"])
+    assert set(check_config_change(quiet, tmp_path)) == {"train.sft.progress", "codebook.train.progress"}
+    with pytest.raises(ConfigChangeRefused, match="train.sft.num_steps"):
+        check_config_change(load_config(ROOT / "configs" / "tiny.yaml",
+                                         ["train.sft.progress=false", "train.sft.num_steps=7"]), tmp_path)
+
 @pytest.fixture
 def used_workdir(tmp_path):
     """A workdir as a first run leaves it: config.yaml, the tokenizer, a stage checkpoint file."""
