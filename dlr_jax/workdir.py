@@ -32,6 +32,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import socket
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -82,8 +83,9 @@ SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.d
 # Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a
 # benchmark to a run that is still training (python -m dlr_jax.experiments ... --set eval.benchmarks=[...]) resumes.
 TRAINING_NEUTRAL = ("eval.",)
-# Display settings (a stage's progress bar): no step reads them, so turning one off on resume needs no flag either.
-DISPLAY_ONLY = (".progress",)
+# Display settings (a stage's progress bar, TrainConfig.progress): no step reads them, so turning one off on
+# resume needs no flag either. Exact keys: another setting that happens to end in "progress" is not exempt.
+DISPLAY_ONLY = re.compile(r"(train\.[a-z_]+|codebook\.train)\.progress")
 # Codebook keys that are training knobs, not the networks or the corpus they read.
 CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
@@ -224,7 +226,7 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
             "--workdir (or --init-from a finished stage)."
             + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
         )
-    flagged = {k: v for k, v in safe.items() if not k.startswith(TRAINING_NEUTRAL) and not k.endswith(DISPLAY_ONLY)}
+    flagged = {k: v for k, v in safe.items() if not k.startswith(TRAINING_NEUTRAL) and not DISPLAY_ONLY.fullmatch(k)}
     if flagged and not getattr(cfg.run, "allow_config_change", False):
         raise ConfigChangeRefused(
             f"{workdir}: this run's config differs from the recorded {f}: {show(flagged)}. Rerun without the "
@@ -260,7 +262,7 @@ def open_run(
         existed = Path(workdir).exists()
         try:
             held.acquire()
-            changes = check_config_change(cfg, workdir)
+            record_changes(workdir, check_config_change(cfg, workdir))
         except BaseException:
             held.release()
             if not existed:  # leave no empty workdir behind
@@ -270,7 +272,6 @@ def open_run(
                 with contextlib.suppress(Exception):  # the error below is the one to report
                     vote(False)
             raise
-        record_changes(workdir, changes)
     if vote is not None and not vote(True):
         held.release()
         raise RunRefused(f"{workdir}: process 0 did not start this run (its error says why); nothing was done here")

@@ -15,6 +15,7 @@ import pytest
 from dlr_jax.config import load_config, save_config
 from dlr_jax.workdir import (
     CHANGES_NAME,
+    DISPLAY_ONLY,
     LOCK_NAME,
     ConfigChangeRefused,
     RunRefused,
@@ -125,7 +126,6 @@ def test_evaluation_settings_change_without_the_flag_and_are_logged(tmp_path):
     assert "eval.batch_size" not in str(e.value)
 
 
-
 def test_turning_a_progress_bar_off_on_resume_needs_no_flag(tmp_path):
     base = load_config(ROOT / "configs" / "tiny.yaml")
     save_config(base, tmp_path / "config.yaml")
@@ -134,6 +134,12 @@ def test_turning_a_progress_bar_off_on_resume_needs_no_flag(tmp_path):
     with pytest.raises(ConfigChangeRefused, match="train.sft.num_steps"):
         check_config_change(load_config(ROOT / "configs" / "tiny.yaml",
                                          ["train.sft.progress=false", "train.sft.num_steps=7"]), tmp_path)
+    # exactly the progress bars of the training configs: a future key that merely ends in "progress" is not exempt
+    progress_keys = {k for k in config_diff(base, load_config(ROOT / "configs" / "tiny.yaml", [
+        f"{k}=false" for k in ("train.textsft.progress", "train.textsft_direct.progress", "train.align.progress",
+                               "train.sft.progress", "train.rl.progress", "codebook.train.progress")]))}
+    assert len(progress_keys) == 6 and all(DISPLAY_ONLY.fullmatch(k) for k in progress_keys)
+    assert not DISPLAY_ONLY.fullmatch("rl.curriculum.progress") and not DISPLAY_ONLY.fullmatch("model.progress")
 
 @pytest.fixture
 def used_workdir(tmp_path):

@@ -67,4 +67,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     d.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         write_text_atomic(d / "meta.json", json.dumps({"stage": STAGE, "kind": "latents", "splits": info}, indent=2))
+    if jax.process_count() > 1:  # the next stage reads the latents process 0 wrote, on every process
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("export done")
     return info
