@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.files import write_text_atomic
-from dlr_jax.sharding import make_mesh, state_shardings
+from dlr_jax.sharding import make_mesh, state_shardings, wait_for_all_processes
 
 
 def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
@@ -26,10 +26,7 @@ def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] 
     ckptr.wait_until_finished()
     if jax.process_index() == 0:
         write_text_atomic(out / "meta.json", json.dumps(dict(meta or {}), indent=2))
-    if jax.process_count() > 1:  # the others may read meta.json next (the next stage, or a done-check)
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(f"save_params {out}")
+    wait_for_all_processes(f"save_params {out}")  # the others may read meta.json next (the next stage)
     return out
 
 

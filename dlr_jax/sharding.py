@@ -298,3 +298,20 @@ def maybe_initialize_distributed() -> None:
         num_processes=int(os.environ["DLR_NUM_PROCESSES"]),
         process_id=int(os.environ["DLR_PROCESS_ID"]),
     )
+
+
+def all_processes_ok(ok: bool) -> bool:
+    """Whether every process of the run says `ok` (one process: `ok`). A collective: all call it once."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
+
+
+def wait_for_all_processes(name: str) -> None:
+    """A barrier (no-op with one process): e.g. until process 0 has written files the others read next."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

@@ -80,18 +80,6 @@ def _process_index() -> int:
     return jax.process_index()
 
 
-def _all_processes_ok(ok: bool) -> bool:
-    """Whether every process of the run says ok (one process: `ok`). A collective: all call it once."""
-    import jax
-
-    if jax.process_count() == 1:
-        return ok
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.train",
@@ -135,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(dump_config(cfg))
         return 0
     from dlr_jax.compile_cache import enable as enable_compile_cache
-    from dlr_jax.sharding import maybe_initialize_distributed  # jax only now: --print-config needs none
+    from dlr_jax.sharding import all_processes_ok, maybe_initialize_distributed  # jax only now: not --print-config
 
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
         enable_compile_cache()  # GPU/TPU: a rerun or the next stage reuses compiled steps (compile_cache.py)
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
-            with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=_all_processes_ok):
+            with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=all_processes_ok):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
         except (WorkdirLocked, RunRefused, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
             print(f"error: {e}", file=sys.stderr)

@@ -37,3 +37,10 @@ def test_bad_mesh_shapes_are_clear():
     assert sh.parse_mesh_spec("data=2,fsdp=4,tensor=1") == {"data": 2, "fsdp": 4, "tensor": 1}
     with pytest.raises(ValueError, match="bad mesh spec"):
         sh.parse_mesh_spec("dp=2")
+
+
+def test_process_agreement_and_barrier_with_one_process():
+    from dlr_jax.sharding import all_processes_ok, wait_for_all_processes
+
+    assert all_processes_ok(True) is True and all_processes_ok(False) is False
+    wait_for_all_processes("no other process: returns at once")

@@ -27,6 +27,7 @@ from dlr_jax.data.sources import load_examples
 from dlr_jax.files import write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.models.vq import code_usage
+from dlr_jax.sharding import wait_for_all_processes
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook_models import encode_ids, load_codebook_model
 from dlr_jax.workdir import final_dir
@@ -67,8 +68,5 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     d.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         write_text_atomic(d / "meta.json", json.dumps({"stage": STAGE, "kind": "latents", "splits": info}, indent=2))
-    if jax.process_count() > 1:  # the next stage reads the latents process 0 wrote, on every process
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("export done")
+    wait_for_all_processes("export done")  # the next stage reads the latents process 0 wrote, on every process
     return info
