@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dlr_jax.data.cot_view import cot_view, step_results
 from dlr_jax.data.records import Example
 from dlr_jax.workdir import final_dir
 
@@ -80,13 +81,15 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         prompt_bucket=cfg.sampling.prompt_bucket,
     )
     decoded = load_decoder(workdir).decode([s["latent_codes"] for s in res.samples])
-    rcfg = render_config(cfg.codebook)
+    rcfg, view = render_config(cfg.codebook), cfg.codebook.render_view
     rows = []
     for ex, s, text in zip(examples, res.samples, decoded, strict=True):
         gold = ex.source != GOLDLESS
         image = None
-        if gold and ex.cot:
-            image = _png_data_uri(render.render_cot(ex.cot, font_size=round(rcfg.font_mean), config=rcfg)[0])
+        # the image the codebook renders (a CoT without calculator steps has none under render_view=results)
+        if gold and ex.cot and (view != "results" or step_results(ex.cot)):
+            rendered = cot_view(ex.cot, view)
+            image = _png_data_uri(render.render_cot(rendered, font_size=round(rcfg.font_mean), config=rcfg)[0])
         rows.append({
             "id": ex.id, "question": ex.question, "gold_cot": ex.cot if gold else None,
             "gold_answer": ex.answer if gold else None, "gold_image": image,

@@ -175,6 +175,9 @@ class CodebookConfig:
     max_side: int = 1024
     overflow: str = "shrink"  # shrink | truncate (beyond max_side)
     max_text_len: int = 512  # decoder targets in characters incl. EOS; longer CoTs are cut (counted)
+    # what of each CoT is rendered and read back (dlr_jax/data/cot_view.py): cot (the paper) | results
+    # (each calculator step's result, "19 16 96"; the visual counterpart of latent.source=step_results)
+    render_view: str = "cot"
     # vision encoder (dlr_jax.models.vision.VisionConfig)
     image_size: int = 1024  # reference side of the position tables
     vit_hidden: int = 768

@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from dlr_jax.data.cot_view import step_results
 from dlr_jax.data.records import DataFormatError, Example, iter_jsonl, require
 from dlr_jax.files import atomic_path
 
@@ -191,9 +191,6 @@ def random_latents(
     return LatentTable(latents, examples=examples_by_id, num_codes=num_codes)
 
 
-_STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
-
-
 def step_result_code(value: str, num_codes: int) -> int:
     """A step result as a code: an integer in [0, num_codes) is its own code; anything else (large,
     negative, fractional) is hashed into the range, so distinct results can share a code."""
@@ -216,7 +213,7 @@ def step_result_latents(examples: Iterable[Example], num_codes: int) -> LatentTa
     latents: dict[str, list[int]] = {}
     examples_by_id: dict[str, Example] = {}
     for ex in examples:
-        results = _STEP_RESULT.findall(ex.cot)
+        results = step_results(ex.cot)
         if not results:
             raise ValueError(f"latent.source=step_results: example {ex.id!r} has no calculator step <<a+b=c>> in its "
                              f"CoT {ex.cot[:80]!r}; this control needs annotated CoTs (synthetic, gsm8k_aug)")

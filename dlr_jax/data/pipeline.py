@@ -56,6 +56,7 @@ import numpy as np
 from grain.experimental import FirstFitPackIterDataset
 
 from dlr_jax.data import formats
+from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.records import Example
 from dlr_jax.ocr_text import encode_target
 from dlr_jax.tokens import Tokenizer
@@ -163,17 +164,18 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, *, where: str) -> Non
 
 
 def _tokenise(
-    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int] | None = None
+    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int, str] | None = None
 ) -> dict[str, np.ndarray]:
     seq = build_sequence(stage, tok, item, mode)
     out = {"tokens": seq.tokens, "loss_mask": seq.loss_mask.astype(np.int32)}
     if ocr is not None:
-        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1])
+        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1], view=ocr[2])
     return out
 
 
-def ocr_fields(item: Item, *, text_len: int, num_codes: int) -> dict[str, np.ndarray]:
-    """One row's `OCR_KEYS` (see the module docstring): targets, codes left-padded to num_codes, mask."""
+def ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str = "cot") -> dict[str, np.ndarray]:
+    """One row's `OCR_KEYS` (see the module docstring): targets (the CoT as the codebook rendered it,
+    `cot_view`), codes left-padded to num_codes, mask."""
     n = len(item.codes)
     if n > num_codes:
         raise ValueError(f"example {item.example.id!r} has {n} latent codes, more than num_codes={num_codes}")
@@ -181,7 +183,8 @@ def ocr_fields(item: Item, *, text_len: int, num_codes: int) -> dict[str, np.nda
     mask = np.zeros(num_codes, np.int32)
     codes[num_codes - n :] = item.codes
     mask[num_codes - n :] = 1
-    return {"ocr_targets": encode_target(item.example.cot, text_len)[0], "ocr_codes": codes, "ocr_code_mask": mask}
+    target = cot_view(item.example.cot, view, example_id=item.example.id)
+    return {"ocr_targets": encode_target(target, text_len)[0], "ocr_codes": codes, "ocr_code_mask": mask}
 
 
 def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -230,6 +233,7 @@ def make_stage_dataset(
     num_packing_bins: int | None = None,
     num_threads: int = 2,
     ocr_text_len: int = 0,
+    ocr_view: str = "cot",
     vocab_size: int | None = None,
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
@@ -243,7 +247,8 @@ def make_stage_dataset(
     processes. num_packing_bins: rows the first-fit packer fills at once (default batch_size).
     num_threads: grain reader threads per process that tokenise ahead of the consumer (0 = on
     demand, in the caller's thread). ocr_text_len: > 0 adds stage sft's dual-branch fields
-    (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False. vocab_size: the model's
+    (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False. ocr_view: what of each CoT
+    the OCR targets hold (`codebook.render_view`, `cot_view`). vocab_size: the model's
     embedding rows; every example's ids are checked against it up front (`check_token_range`).
     """
     if batch_size < 1 or max_len < 1:
@@ -264,8 +269,9 @@ def make_stage_dataset(
                 f"pack={pack}"
             )
         # Over every kept example, before sharding: the same N on every process and every batch.
-        ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]))
-        cut = sum(encode_target(it.example.cot, ocr_text_len)[1] for it in items)
+        ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]), ocr_view)
+        cut = sum(encode_target(cot_view(it.example.cot, ocr_view, example_id=it.example.id), ocr_text_len)[1]
+                  for it in items)
         (log.warning if cut else log.info)(
             "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d characters; their OCR "
             "targets are cut", cut, len(items), ocr_text_len - 1)

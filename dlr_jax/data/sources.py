@@ -5,6 +5,7 @@ render-cache CLI, so none of them reaches into another for its inputs."""
 from __future__ import annotations
 
 from dlr_jax.config import Config
+from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.readers import load_benchmark
 from dlr_jax.data.records import Example
 
@@ -32,8 +33,9 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
 
 
 def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
-    """Training (or held-out) CoTs: `codebook.corpus` / `eval_corpus` entries "name:split", or the
-    data section's dataset. Empty CoTs are left out (nothing to read back)."""
+    """Training (or held-out) CoTs as the codebook renders them (`codebook.render_view`):
+    `codebook.corpus` / `eval_corpus` entries "name:split", or the data section's dataset. Empty CoTs
+    are left out (nothing to read back)."""
     entries = cfg.codebook.eval_corpus if held_out else cfg.codebook.corpus
     if entries:
         examples = []
@@ -44,4 +46,5 @@ def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
             examples += load_benchmark(name, split=split)
     else:
         examples = load_examples(cfg, cfg.data.eval_split if held_out else cfg.data.train_split)
-    return [ex.cot for ex in examples if ex.cot.strip()]
+    view = cfg.codebook.render_view
+    return [cot_view(ex.cot, view, example_id=ex.id) for ex in examples if ex.cot.strip()]

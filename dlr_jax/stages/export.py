@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlr_jax.config import Config
+from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.sources import load_examples
 from dlr_jax.files import write_text_atomic
@@ -37,7 +38,8 @@ STAGE = "export"
 
 def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: str) -> dict[str, Any]:
     examples = load_examples(cfg, split)
-    ids, _, rate = encode_ids(model, [ex.cot for ex in examples], cfg.codebook, num_workers=cfg.data.num_workers)
+    texts = [cot_view(ex.cot, cfg.codebook.render_view, example_id=ex.id) for ex in examples]
+    ids, _, rate = encode_ids(model, texts, cfg.codebook, num_workers=cfg.data.num_workers)
     table = {ex.id: z for ex, z in zip(examples, ids, strict=True)}
     path = latents_path(workdir, split)
     if jax.process_index() == 0:  # every process computed the same ids; one writes them

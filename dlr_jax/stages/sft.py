@@ -92,9 +92,10 @@ class DualBranch:
     decoder_cfg: CodebookModelConfig
     weight: float
     dropout: float
+    view: str = "cot"  # codebook.render_view: what the decoder was trained to read back
 
     def data_kwargs(self) -> dict[str, Any]:
-        return {"ocr_text_len": self.decoder_cfg.max_text_len}
+        return {"ocr_text_len": self.decoder_cfg.max_text_len, "ocr_view": self.view}
 
     def wrap(self, lm, trainable: Any, mesh: Mesh, rules: Any):
         """(DualBranchLM, its loss, LM filter + the OCR branch's params)."""
@@ -148,7 +149,8 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
             "DeepSeek-OCR-2 (codebook.init_from); set latent.dual_branch=off (or auto)"
         )
     dcfg = CodebookModelConfig.from_dict(meta)
-    return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout))
+    return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout),
+                      cfg.codebook.render_view)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from dlr_jax import render
 from dlr_jax.checkpoint import save_params
 from dlr_jax.config import load_config
 from dlr_jax.data import render_pipeline as rp
+from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, read_latents
 from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
@@ -87,3 +88,19 @@ def test_export_needs_a_codebook(tmp_path):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", MICRO)
     with pytest.raises(FileNotFoundError, match="--stage codebook"):
         export.run(cfg, tmp_path)
+
+
+def test_export_encodes_the_configured_render_view(exported, tmp_path):
+    _, _, model, _ = exported
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_view=results"])
+    mcfg = CodebookModelConfig.from_config(cfg)
+    save_params(model, final_dir(tmp_path, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
+    export.run(cfg, tmp_path)
+    rcfg = rp.render_config(cfg.codebook)
+    table = read_latents(latents_path(tmp_path, "test"))
+    for ex in load_examples(cfg, "test")[:3]:
+        shown = cot_view(ex.cot, "results")
+        assert shown and "<<" not in shown
+        img = np.asarray(render.render_cot_ex(shown, config=rcfg).image)[None, ..., 0]
+        assert table[ex.id] == tuple(model.nearest(model.encode(jnp.asarray(img)))[0].tolist())
+        assert table.example(ex.id).cot == ex.cot  # the record keeps the whole CoT for the LM stages

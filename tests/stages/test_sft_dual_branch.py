@@ -107,7 +107,10 @@ def test_resolve(tmp_path):
     _write_codebook_meta(tmp_path, cfg)
     branch = sft.resolve_dual_branch(cfg, tmp_path)
     assert branch is not None and branch.weight == 0.5 and branch.dropout == 0.25
-    assert branch.data_kwargs() == {"ocr_text_len": 64}
+    assert branch.data_kwargs() == {"ocr_text_len": 64, "ocr_view": "cot"}
+    # the decoder reads back what the codebook rendered, so the branch's targets follow the view
+    results = sft.resolve_dual_branch(_cfg("codebook.render_view=results"), tmp_path)
+    assert results.data_kwargs()["ocr_view"] == "results"
     assert sft.resolve_dual_branch(_cfg("latent.dual_branch=off"), tmp_path) is None
     assert sft.resolve_dual_branch(_cfg("latent.source=random"), tmp_path) is None  # auto: random ids, off
     with pytest.raises(ValueError, match="needs latent.source=codebook"):

@@ -1,0 +1,40 @@
+"""What of a CoT the codebook renders and its OCR decoder reads back (`codebook.render_view`).
+
+`cot` (the paper) renders the whole chain of thought. `results` renders only the result of each
+calculator step `<<a+b=c>>`, space-separated ("19 16 96"): the visual counterpart of the
+`latent.source=step_results` control. On the synthetic task a from-scratch encoder keeps a full
+chain's layout but few of its digits (BENCHMARKS.md, the latent probe); a short line of numbers is
+what such an encoder can read, so this view measures how far visual latents get when they carry each
+step's result. The text CoT (CoT-SFT, the align stage's targets) is never changed by the view.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["STEP_RESULT", "VIEWS", "cot_view", "step_results"]
+
+VIEWS = ("cot", "results")
+# the `c` of a calculator annotation <<a+b=c>> (GSM8K-Aug and the synthetic task write them)
+STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
+
+
+def step_results(cot: str) -> list[str]:
+    """Each calculator step's result, in order (empty when the CoT has no annotation)."""
+    return STEP_RESULT.findall(cot)
+
+
+def cot_view(cot: str, view: str, *, example_id: str | None = None) -> str:
+    """The text the codebook renders for `cot` under `view` (one of `VIEWS`). A CoT without a
+    calculator step is an error under `results` (an empty image would say nothing), named by
+    `example_id` when given."""
+    if view == "cot":
+        return cot
+    if view != "results":
+        raise ValueError(f"codebook.render_view must be one of {VIEWS}, got {view!r}")
+    results = step_results(cot)
+    if not results:
+        who = f"example {example_id!r}: " if example_id is not None else ""
+        raise ValueError(f"codebook.render_view=results: {who}CoT {cot[:80]!r} has no calculator step <<a+b=c>>; "
+                         f"this view needs annotated CoTs (synthetic, gsm8k_aug)")
+    return " ".join(results)
