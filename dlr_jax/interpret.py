@@ -87,7 +87,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         gold = ex.source != GOLDLESS
         image = None
         # the image the codebook renders (a CoT without calculator steps has none under render_view=results)
-        if gold and ex.cot and (view != "results" or step_results(ex.cot)):
+        if gold and ex.cot and (view == "cot" or step_results(ex.cot)):
             rendered = cot_view(ex.cot, view)
             image = _png_data_uri(render.render_cot(rendered, font_size=round(rcfg.font_mean), config=rcfg)[0])
         rows.append({

@@ -177,6 +177,7 @@ class CodebookConfig:
     max_text_len: int = 512  # decoder targets in characters incl. EOS; longer CoTs are cut (counted)
     # what of each CoT is rendered and read back (dlr_jax/data/cot_view.py): cot (the paper) | results
     # (each calculator step's result, "19 16 96"; the visual counterpart of latent.source=step_results)
+    # | result_lines (the same, one result a line)
     render_view: str = "cot"
     # vision encoder (dlr_jax.models.vision.VisionConfig)
     image_size: int = 1024  # reference side of the position tables

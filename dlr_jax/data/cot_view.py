@@ -2,10 +2,12 @@
 
 `cot` (the paper) renders the whole chain of thought. `results` renders only the result of each
 calculator step `<<a+b=c>>`, space-separated ("19 16 96"): the visual counterpart of the
-`latent.source=step_results` control. On the synthetic task a from-scratch encoder keeps a full
-chain's layout but few of its digits (BENCHMARKS.md, the latent probe); a short line of numbers is
-what such an encoder can read, so this view measures how far visual latents get when they carry each
-step's result. The text CoT (CoT-SFT, the align stage's targets) is never changed by the view.
+`latent.source=step_results` control. `result_lines` puts each result on its own line, so that a
+step's result sits where one code of the causal flow's reading order can hold it. On the synthetic
+task a from-scratch encoder keeps a full chain's layout but few of its digits (BENCHMARKS.md, the
+latent probe); a few numbers are what such an encoder can learn to read, so these views measure how
+far visual latents get when they carry each step's result. The text CoT (CoT-SFT, the align stage's
+targets) is never changed by the view.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 
 __all__ = ["STEP_RESULT", "VIEWS", "cot_view", "step_results"]
 
-VIEWS = ("cot", "results")
+VIEWS = ("cot", "results", "result_lines")
 # the `c` of a calculator annotation <<a+b=c>> (GSM8K-Aug and the synthetic task write them)
 STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
 
@@ -30,11 +32,11 @@ def cot_view(cot: str, view: str, *, example_id: str | None = None) -> str:
     `example_id` when given."""
     if view == "cot":
         return cot
-    if view != "results":
+    if view not in VIEWS:
         raise ValueError(f"codebook.render_view must be one of {VIEWS}, got {view!r}")
     results = step_results(cot)
     if not results:
         who = f"example {example_id!r}: " if example_id is not None else ""
-        raise ValueError(f"codebook.render_view=results: {who}CoT {cot[:80]!r} has no calculator step <<a+b=c>>; "
+        raise ValueError(f"codebook.render_view={view}: {who}CoT {cot[:80]!r} has no calculator step <<a+b=c>>; "
                          f"this view needs annotated CoTs (synthetic, gsm8k_aug)")
-    return " ".join(results)
+    return ("\n" if view == "result_lines" else " ").join(results)

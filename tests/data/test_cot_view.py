@@ -22,6 +22,7 @@ def test_results_view_is_each_steps_result_in_order():
     cot = "<<10+9=19>> <<19-3=16>> <<16*6=96>>"
     assert cot_view(cot, "cot") == cot
     assert cot_view(cot, "results") == "19 16 96"
+    assert cot_view(cot, "result_lines") == "19\n16\n96"
     assert cot_view("<<2.5*4 = 10 >> then <<10/4=2.5>>", "results") == "10 2.5"
     assert step_results("no annotation") == []
 
@@ -29,6 +30,8 @@ def test_results_view_is_each_steps_result_in_order():
 def test_results_view_names_the_example_without_a_step():
     with pytest.raises(ValueError, match="example 'q7'.*no calculator step"):
         cot_view("Add them up to get 12.", "results", example_id="q7")
+    with pytest.raises(ValueError, match="render_view=result_lines: CoT"):
+        cot_view("12", "result_lines")
     with pytest.raises(ValueError, match="render_view must be one of"):
         cot_view("<<1+1=2>>", "answers")
 
