@@ -57,7 +57,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     from dlr_jax.data.sources import load_examples
     from dlr_jax.evaluate import default_loader, evaluate_examples
     from dlr_jax.handoff import load_stage_model
-    from dlr_jax.stages.codebook_models import load_decoder
+    from dlr_jax.stages.codebook_models import check_render_view, load_decoder
 
     stage = stage or default_stage(workdir)
     model, tok, cfg = load_stage_model(workdir, stage)
@@ -80,13 +80,14 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         max_latents=max_latents or ev.max_latents, batch_size=min(ev.batch_size, len(examples)),
         prompt_bucket=cfg.sampling.prompt_bucket,
     )
+    check_render_view(cfg, workdir)
     decoded = load_decoder(workdir).decode([s["latent_codes"] for s in res.samples])
     rcfg, view = render_config(cfg.codebook), cfg.codebook.render_view
     rows = []
     for ex, s, text in zip(examples, res.samples, decoded, strict=True):
         gold = ex.source != GOLDLESS
         image = None
-        # the image the codebook renders (a CoT without calculator steps has none under render_view=results)
+        # the image the codebook renders (a CoT without calculator steps has none under the results views)
         if gold and ex.cot and (view == "cot" or step_results(ex.cot)):
             rendered = cot_view(ex.cot, view)
             image = _png_data_uri(render.render_cot(rendered, font_size=round(rcfg.font_mean), config=rcfg)[0])
@@ -129,7 +130,8 @@ def render_html(rows: Sequence[dict[str, Any]], *, title: str, subtitle: str = "
         if r["gold_cot"]:
             left.append(f'<div class="label">gold chain of thought</div><div class="gold">{esc(r["gold_cot"])}</div>')
         left.append(f'<div class="label">answer</div><div>{verdict}</div>')
-        right = (f'<div class="label">gold CoT, rendered</div><img alt="rendered gold CoT" src="{r["gold_image"]}">'
+        shown = "gold CoT as the codebook renders it"  # the whole chain, or its results (codebook.render_view)
+        right = (f'<div class="label">{shown}</div><img alt="{shown}" src="{r["gold_image"]}">'
                  if r["gold_image"] else "")
         cards.append(f'<div class="card" id="{esc(r["id"])}"><div class="q">{esc(r["question"])}</div>'
                      f'<div>{"".join(left)}</div><div>{right}</div></div>')

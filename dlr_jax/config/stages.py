@@ -151,6 +151,9 @@ class RLConfig:
             raise ConfigError(f"rl.sample_dtype must be auto|keep|bfloat16|float16|float32, got {self.sample_dtype!r}")
 
 
+RENDER_VIEWS = ("cot", "results", "result_lines")  # codebook.render_view (dlr_jax/data/cot_view.py)
+
+
 @dataclasses.dataclass(frozen=True)
 class CodebookConfig:
     """Stage codebook (dlr_jax/stages/codebook.py, DESIGN §1): CoT image -> SAM ViT + compressor + causal
@@ -249,6 +252,10 @@ class CodebookConfig:
     quantize_at: str = "flow"  # flow: after the causal flow (d_c, the paper) | projector (released code)
     ocr2_prompt: str = "\nFree OCR."  # tokens between the image and the text (DeepSeek-OCR's plain OCR prompt)
     router_aux_coef: float = 0.0  # x the decoder's MoE load-balancing loss (0 = off)
+
+    def __post_init__(self) -> None:
+        if self.render_view not in RENDER_VIEWS:
+            raise ConfigError(f"codebook.render_view must be one of {'|'.join(RENDER_VIEWS)}, got {self.render_view!r}")
 
 
 @dataclasses.dataclass(frozen=True)

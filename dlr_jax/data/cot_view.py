@@ -2,21 +2,25 @@
 
 `cot` (the paper) renders the whole chain of thought. `results` renders only the result of each
 calculator step `<<a+b=c>>`, space-separated ("19 16 96"): the visual counterpart of the
-`latent.source=step_results` control. `result_lines` puts each result on its own line, so that a
+`latent.source=step_results` control (the last result is the answer, so these views hand the
+answer's digits to the image, as the control's codes do). `result_lines` puts each result on its own line, so that a
 step's result sits where one code of the causal flow's reading order can hold it. On the synthetic
 task a from-scratch encoder keeps a full chain's layout but few of its digits (BENCHMARKS.md, the
 latent probe); a few numbers are what such an encoder can learn to read, so these views measure how
 far visual latents get when they carry each step's result. The text CoT (CoT-SFT, the align stage's
-targets) is never changed by the view.
+targets) is never changed by the view. Text outside `<<...>>` annotations is not rendered under
+`results` / `result_lines`; a CoT with no annotation at all is an error.
 """
 
 from __future__ import annotations
 
 import re
 
+from dlr_jax.config.stages import RENDER_VIEWS
+
 __all__ = ["STEP_RESULT", "VIEWS", "cot_view", "step_results"]
 
-VIEWS = ("cot", "results", "result_lines")
+VIEWS = RENDER_VIEWS
 # the `c` of a calculator annotation <<a+b=c>> (GSM8K-Aug and the synthetic task write them)
 STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
 
@@ -28,7 +32,7 @@ def step_results(cot: str) -> list[str]:
 
 def cot_view(cot: str, view: str, *, example_id: str | None = None) -> str:
     """The text the codebook renders for `cot` under `view` (one of `VIEWS`). A CoT without a
-    calculator step is an error under `results` (an empty image would say nothing), named by
+    calculator step is an error under `results` and `result_lines` (an empty image would say nothing), named by
     `example_id` when given."""
     if view == "cot":
         return cot

@@ -153,10 +153,23 @@ def load_codebook_model(workdir: str | Path, mesh: Mesh | None = None) -> Codebo
     return restore_params(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(0)), d, mesh)
 
 
+def check_render_view(cfg: Config, workdir: str | Path) -> None:
+    """Raises when <workdir>/codebook/final was trained on another `codebook.render_view` than `cfg`
+    names: its ids and decoder would read images and texts it never saw (a linked or reused stage is
+    skipped by the runner, so nothing else would notice). Codebooks saved before the view existed are `cot`."""
+    meta = read_meta(final_dir(workdir, CODEBOOK))
+    trained = (meta.get("codebook") or {}).get("render_view", "cot")
+    if trained != cfg.codebook.render_view:
+        raise ValueError(f"{final_dir(workdir, CODEBOOK)} was trained with codebook.render_view={trained}, but this "
+                         f"run's config says {cfg.codebook.render_view}: retrain the codebook stage or set "
+                         f"codebook.render_view={trained}")
+
+
 def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = None) -> LatentDecoder | None:
     """The frozen OCR decoder as a `process_reward.LatentDecoder`, or None before this stage ran."""
     if not (final_dir(workdir, CODEBOOK) / "meta.json").is_file():
         return None
+    check_render_view(cfg, workdir)
     if read_meta(final_dir(workdir, CODEBOOK))["model"].get("kind") == "ocr2":
         # LatentDecoder greedy-decodes the character decoder; an OCR-2 decoder has no cached decoding yet
         print(f"[codebook] {final_dir(workdir, CODEBOOK)} is a DeepSeek-OCR-2 codebook: no latent decoder for "

@@ -30,7 +30,7 @@ from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.models.vq import code_usage
 from dlr_jax.sharding import wait_for_all_processes
 from dlr_jax.stages import common
-from dlr_jax.stages.codebook_models import encode_ids, load_codebook_model
+from dlr_jax.stages.codebook_models import check_render_view, encode_ids, load_codebook_model
 from dlr_jax.workdir import final_dir
 
 STAGE = "export"
@@ -62,6 +62,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
             f"{final_dir(workdir, 'codebook')}: no trained codebook; run "
             f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first"
         )
+    check_render_view(cfg, workdir)
     common.prepare_workdir(cfg, workdir)
     model = load_codebook_model(workdir, common.make_mesh_for(cfg))
     splits = list(dict.fromkeys([cfg.data.train_split, cfg.data.eval_split, *cfg.codebook.export_splits]))

@@ -421,6 +421,9 @@ def run(
             print(f"[rl] process reward skipped: no OCR decoder in {Path(workdir) / 'codebook'} (run --stage "
                   "codebook; rl.process_weight=0 silences this)", flush=True)
         else:
+            if cfg.codebook.render_view != "cot":  # the evaluator learnt whole chains, the decoder reads the view
+                print(f"[rl] note: the OCR decoder reads codes back as codebook.render_view={cfg.codebook.render_view} "
+                      "text, which the process reward's evaluator (trained on whole CoTs) sees as the CoT", flush=True)
             evaluator = load_evaluator(cfg, workdir, tok, smesh)
             extras["process_reward"] = ProcessReward(
                 decoder, Sampler(evaluator, mesh=smesh, rules=rules, prompt_bucket=bucket), tok,

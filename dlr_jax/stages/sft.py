@@ -36,7 +36,7 @@ from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, tea
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
 from dlr_jax.ocr_text import VOCAB
 from dlr_jax.stages import common
-from dlr_jax.stages.codebook_models import decoder_dir, load_codebook_model
+from dlr_jax.stages.codebook_models import check_render_view, decoder_dir, load_codebook_model
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.trainer import TrainResult
 from dlr_jax.workdir import final_dir, stage_dir
@@ -138,6 +138,7 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
             f"the sft dual branch (latent.dual_branch={mode}, decoder in {cb_dir}) needs one example per row: "
             "set data.pack=false, or latent.dual_branch=off"
         )
+    check_render_view(cfg, workdir)
     meta = read_meta(cb_dir)["model"]
     if meta.get("kind") == "ocr2":  # the branch trains the from-scratch character decoder (models/dual_branch.py)
         if mode == "auto":

@@ -8,7 +8,7 @@ import pytest
 
 from dlr_jax import render
 from dlr_jax.checkpoint import save_params
-from dlr_jax.config import load_config
+from dlr_jax.config import ConfigError, load_config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, read_latents
@@ -94,7 +94,8 @@ def test_export_encodes_the_configured_render_view(exported, tmp_path):
     _, _, model, _ = exported
     cfg = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_view=results"])
     mcfg = CodebookModelConfig.from_config(cfg)
-    save_params(model, final_dir(tmp_path, "codebook"), {"kind": "codebook", "model": mcfg.to_dict()})
+    meta = {"kind": "codebook", "model": mcfg.to_dict(), "codebook": {"render_view": "results"}}
+    save_params(model, final_dir(tmp_path, "codebook"), meta)
     export.run(cfg, tmp_path)
     rcfg = rp.render_config(cfg.codebook)
     table = read_latents(latents_path(tmp_path, "test"))
@@ -104,3 +105,12 @@ def test_export_encodes_the_configured_render_view(exported, tmp_path):
         img = np.asarray(render.render_cot_ex(shown, config=rcfg).image)[None, ..., 0]
         assert table[ex.id] == tuple(model.nearest(model.encode(jnp.asarray(img)))[0].tolist())
         assert table.example(ex.id).cot == ex.cot  # the record keeps the whole CoT for the LM stages
+
+
+def test_export_refuses_a_codebook_trained_on_another_view(exported, tmp_path):
+    _, w, _, _ = exported  # its codebook's meta predates the view: a `cot` codebook
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_view=results"])
+    with pytest.raises(ValueError, match="trained with codebook.render_view=cot.*says results"):
+        export.run(cfg, w)
+    with pytest.raises(ConfigError, match="render_view must be one of cot|results|result_lines"):
+        load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_view=resutls"])

@@ -18,6 +18,7 @@ from flax import nnx
 
 from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import ConfigError, apply_overrides, load_config
+from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
 from dlr_jax.data.sources import load_examples
@@ -55,10 +56,11 @@ def _one():
     return make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
-def _write_codebook_meta(workdir, cfg):
+def _write_codebook_meta(workdir, cfg, render_view="cot"):
     d = final_dir(workdir, "codebook")
     d.mkdir(parents=True)
-    meta = {"kind": "codebook", "model": CodebookModelConfig.from_config(cfg).to_dict()}
+    meta = {"kind": "codebook", "model": CodebookModelConfig.from_config(cfg).to_dict(),
+            "codebook": {"render_view": render_view}}
     (d / "meta.json").write_text(json.dumps(meta))
 
 
@@ -109,8 +111,11 @@ def test_resolve(tmp_path):
     assert branch is not None and branch.weight == 0.5 and branch.dropout == 0.25
     assert branch.data_kwargs() == {"ocr_text_len": 64, "ocr_view": "cot"}
     # the decoder reads back what the codebook rendered, so the branch's targets follow the view
-    results = sft.resolve_dual_branch(_cfg("codebook.render_view=results"), tmp_path)
-    assert results.data_kwargs()["ocr_view"] == "results"
+    with pytest.raises(ValueError, match="trained with codebook.render_view=cot"):  # not this codebook's view
+        sft.resolve_dual_branch(_cfg("codebook.render_view=results"), tmp_path)
+    w2 = tmp_path / "results_view"
+    _write_codebook_meta(w2, cfg, render_view="results")
+    assert sft.resolve_dual_branch(_cfg("codebook.render_view=results"), w2).data_kwargs()["ocr_view"] == "results"
     assert sft.resolve_dual_branch(_cfg("latent.dual_branch=off"), tmp_path) is None
     assert sft.resolve_dual_branch(_cfg("latent.source=random"), tmp_path) is None  # auto: random ids, off
     with pytest.raises(ValueError, match="needs latent.source=codebook"):
@@ -133,6 +138,12 @@ def test_batches_carry_ocr_fields_and_resume(setup):
         assert batch["ocr_code_mask"][r].tolist() == [0] * (9 - n) + [1] * n  # left-padded
         assert batch["ocr_codes"][r, 9 - n :].tolist() == table[ex.id] and not batch["ocr_codes"][r, : 9 - n].any()
         np.testing.assert_array_equal(batch["ocr_targets"][r], encode_target(ex.cot, 64)[0])
+    # codebook.render_view=results: the branch's targets are what that codebook rendered, the same rows
+    viewed = next(iter(make_stage_dataset("sft", train, tok, ocr_text_len=64, ocr_view="results", **kw)))
+    np.testing.assert_array_equal(viewed["tokens"], batch["tokens"])
+    for r in range(4):
+        ex = by_tokens[tuple(batch["tokens"][r][batch["segment_ids"][r] > 0].tolist())]
+        np.testing.assert_array_equal(viewed["ocr_targets"][r], encode_target(cot_view(ex.cot, "results"), 64)[0])
     plain = next(iter(make_stage_dataset("sft", train, tok, **kw)))
     assert set(plain) == set(batch) - set(OCR_KEYS)  # off: the batch is unchanged
     for k in plain:
