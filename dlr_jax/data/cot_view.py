@@ -18,26 +18,25 @@ import re
 
 from dlr_jax.config.stages import RENDER_VIEWS
 
-__all__ = ["STEP_RESULT", "VIEWS", "cot_view", "step_results"]
+__all__ = ["cot_view", "step_results"]
 
-VIEWS = RENDER_VIEWS
 # the `c` of a calculator annotation <<a+b=c>> (GSM8K-Aug and the synthetic task write them)
-STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
+_STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
 
 
 def step_results(cot: str) -> list[str]:
     """Each calculator step's result, in order (empty when the CoT has no annotation)."""
-    return STEP_RESULT.findall(cot)
+    return _STEP_RESULT.findall(cot)
 
 
 def cot_view(cot: str, view: str, *, example_id: str | None = None) -> str:
-    """The text the codebook renders for `cot` under `view` (one of `VIEWS`). A CoT without a
+    """The text the codebook renders for `cot` under `view` (one of `RENDER_VIEWS`). A CoT without a
     calculator step is an error under `results` and `result_lines` (an empty image would say nothing), named by
     `example_id` when given."""
     if view == "cot":
         return cot
-    if view not in VIEWS:
-        raise ValueError(f"codebook.render_view must be one of {VIEWS}, got {view!r}")
+    if view not in RENDER_VIEWS:
+        raise ValueError(f"codebook.render_view must be one of {RENDER_VIEWS}, got {view!r}")
     results = step_results(cot)
     if not results:
         who = f"example {example_id!r}: " if example_id is not None else ""
