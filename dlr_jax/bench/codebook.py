@@ -94,15 +94,18 @@ class CodebookBenchResult:
         return max(1, math.ceil(self.rate(phase) / self.rate("render")))
 
 
-def load_corpus(spec: str, limit: int = 0) -> list[str]:
-    """Non-empty CoTs of a `load_benchmark` "name:split" entry, the first `limit` (0 = all)."""
+def load_corpus(spec: str, limit: int = 0, view: str = "cot") -> list[str]:
+    """Non-empty CoTs of a `load_benchmark` "name:split" entry, the first `limit` (0 = all), as the
+    codebook renders them under `view` (`codebook.render_view`)."""
+    from dlr_jax.data.cot_view import cot_view
     from dlr_jax.data.readers import load_benchmark
 
     name, sep, split = spec.partition(":")
     if not sep or not name or not split:
         raise ValueError(f"--codebook-corpus {spec!r} must look like name:split (e.g. gsm8k_aug:valid)")
-    texts = [ex.cot for ex in load_benchmark(name, split=split) if ex.cot.strip()]
-    return texts[:limit] if limit else texts
+    examples = [ex for ex in load_benchmark(name, split=split) if ex.cot.strip()]
+    examples = examples[:limit] if limit else examples
+    return [cot_view(ex.cot, view, example_id=ex.id) for ex in examples]
 
 
 def _describe(cb: Any, cfg: Any) -> str:
@@ -321,12 +324,16 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
     if err:
         raise ValueError(err)
     cfg = load_config(args.codebook_config, args.codebook_set)
-    texts = load_corpus(args.codebook_corpus, args.codebook_examples)
+    texts = load_corpus(args.codebook_corpus, args.codebook_examples, cfg.codebook.render_view)
     try:
         name = str(Path(args.codebook_config).resolve().relative_to(common.REPO))
     except ValueError:
         name = str(args.codebook_config)
     name += "".join(f" --codebook-set {o}" for o in args.codebook_set)
     res = bench_codebook(cfg, texts, repeats=args.repeats, phases=_phases(args), config_name=name,
-                         corpus=args.codebook_corpus, log=log)
+                         corpus=_corpus_label(args.codebook_corpus, cfg.codebook.render_view), log=log)
     return render_section(res, command, info)
+
+
+def _corpus_label(spec: str, view: str) -> str:
+    return spec if view == "cot" else f"{spec} (render_view {view})"

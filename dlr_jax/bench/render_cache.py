@@ -205,7 +205,7 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
     if err := check_arguments(args):
         raise ValueError(err)
     cfg = load_config(args.render_cache_config)
-    texts = load_corpus(args.render_cache_corpus, args.render_cache_examples)
+    texts = load_corpus(args.render_cache_corpus, args.render_cache_examples, cfg.codebook.render_view)
     workers = args.render_cache_workers or os.cpu_count() or 1
     results = [bench_case(c, texts, cfg, workers=workers, repeats=args.repeats, log=log) for c in _cases(args)]
     load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())

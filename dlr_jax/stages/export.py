@@ -24,6 +24,7 @@ import numpy as np
 from dlr_jax.config import Config
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
+from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.files import write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModel
@@ -36,9 +37,14 @@ from dlr_jax.workdir import final_dir
 STAGE = "export"
 
 
-def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: str) -> dict[str, Any]:
+def split_texts(cfg: Config, split: str) -> tuple[list[Example], list[str]]:
+    """A split's examples and the text the codebook renders for each (`codebook.render_view`)."""
     examples = load_examples(cfg, split)
-    texts = [cot_view(ex.cot, cfg.codebook.render_view, example_id=ex.id) for ex in examples]
+    return examples, [cot_view(ex.cot, cfg.codebook.render_view, example_id=ex.id) for ex in examples]
+
+
+def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: str,
+                 examples: list[Example], texts: list[str]) -> dict[str, Any]:
     ids, _, rate = encode_ids(model, texts, cfg.codebook, num_workers=cfg.data.num_workers)
     table = {ex.id: z for ex, z in zip(examples, ids, strict=True)}
     path = latents_path(workdir, split)
@@ -63,10 +69,12 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
             f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first"
         )
     check_render_view(cfg, workdir)
+    splits = list(dict.fromkeys([cfg.data.train_split, cfg.data.eval_split, *cfg.codebook.export_splits]))
+    # every split's view before any is encoded: a split the view cannot render stops the stage with nothing written
+    views = {s: split_texts(cfg, s) for s in splits}
     common.prepare_workdir(cfg, workdir)
     model = load_codebook_model(workdir, common.make_mesh_for(cfg))
-    splits = list(dict.fromkeys([cfg.data.train_split, cfg.data.eval_split, *cfg.codebook.export_splits]))
-    info = {s: export_split(model, cfg, workdir, s) for s in splits}
+    info = {s: export_split(model, cfg, workdir, s, *views[s]) for s in splits}
     d = final_dir(workdir, STAGE)
     d.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:

@@ -99,3 +99,11 @@ def test_bad_arguments_are_rejected(capsys):
     assert "live needs train" in capsys.readouterr().err
     with pytest.raises(ValueError, match="name:split"):
         bench_codebook.load_corpus("gsm8k_aug")
+
+
+def test_the_corpus_is_what_the_codebook_renders(data_dir):  # reads gsm8k_aug:valid
+    from dlr_jax.data.cot_view import step_results
+    whole = bench_codebook.load_corpus("gsm8k_aug:valid", 3)
+    results = bench_codebook.load_corpus("gsm8k_aug:valid", 3, view="results")
+    assert len(results) == len(whole) == 3
+    assert results == [" ".join(step_results(c)) for c in whole] and results != whole

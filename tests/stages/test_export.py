@@ -1,5 +1,6 @@
 """Stage export and LatentDecoder, on a random micro codebook model saved as the codebook stage would."""
 
+import dataclasses
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -114,3 +115,21 @@ def test_export_refuses_a_codebook_trained_on_another_view(exported, tmp_path):
         export.run(cfg, w)
     with pytest.raises(ConfigError, match="render_view must be one of cot|results|result_lines"):
         load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_view=resutls"])
+
+
+def test_a_split_the_view_cannot_render_stops_export_before_any_is_written(exported, tmp_path, monkeypatch):
+    _, _, model, _ = exported
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_view=results",
+                                                        "codebook.export_splits=[valid]"])
+    mcfg = CodebookModelConfig.from_config(cfg)
+    save_params(model, final_dir(tmp_path, "codebook"),
+                {"kind": "codebook", "model": mcfg.to_dict(), "codebook": {"render_view": "results"}})
+
+    def without_steps_in_valid(c, split, *a, **k):  # an extra split whose CoTs carry no calculator step
+        examples = load_examples(c, split, *a, **k)
+        return [dataclasses.replace(ex, cot="twelve then ninety") for ex in examples] if split == "valid" else examples
+
+    monkeypatch.setattr(export, "load_examples", without_steps_in_valid)
+    with pytest.raises(ValueError, match="render_view=results: example .* has no calculator step"):
+        export.run(cfg, tmp_path)
+    assert not latents_path(tmp_path, "train").exists() and not latents_path(tmp_path, "test").exists()
