@@ -79,7 +79,9 @@ CHANGES_NAME = "config_changes.jsonl"
 # Key prefixes (dotted) whose change invalidates what the workdir holds: refused even with
 # run.allow_config_change=true. Everything else is a "safe" change.
 UNSAFE_PREFIXES = ("model.", "tokenizer.", "data.", "latent.", "init_from")
-SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.dtype")
+# latent.dual_branch(_weight): only sft reads them (whether its OCR branch trains), never the latents or checkpoints
+# of the stages before it, so an OCR-2 codebook's workdir can turn the branch off before sft.
+SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.dtype", "latent.dual_branch")
 # Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a
 # benchmark to a run that is still training (python -m dlr_jax.experiments ... --set eval.benchmarks=[...]) resumes.
 TRAINING_NEUTRAL = ("eval.",)
@@ -90,6 +92,9 @@ DISPLAY_ONLY = re.compile(r"(train\.[a-z_]+|codebook\.train)\.progress")
 CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
                  "codebook.eval_", "codebook.export_splits", "codebook.remat", "codebook.dtype")
+# Keys whose value changes no result: a render cache is checked (corpus, settings, seed) to hold the very images
+# drawing them would give, pixel for pixel; adding or dropping one needs no flag (the change is still logged).
+SAME_RESULTS = ("codebook.render_cache",)
 IGNORED = ("run.workdir", "run.allow_config_change")
 
 
@@ -192,7 +197,7 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 def is_unsafe(key: str) -> bool:
     """A change of `key` invalidates the workdir's checkpoints, tokenizer or latents."""
     if key.startswith("codebook."):
-        return not key.startswith(CODEBOOK_SAFE)
+        return not key.startswith(CODEBOOK_SAFE + SAME_RESULTS)
     return key.startswith(UNSAFE_PREFIXES) and not key.startswith(SAFE_IN_UNSAFE)
 
 
@@ -226,7 +231,8 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
             "--workdir (or --init-from a finished stage)."
             + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
         )
-    flagged = {k: v for k, v in safe.items() if not k.startswith(TRAINING_NEUTRAL) and not DISPLAY_ONLY.fullmatch(k)}
+    flagged = {k: v for k, v in safe.items()
+               if not k.startswith(TRAINING_NEUTRAL + SAME_RESULTS) and not DISPLAY_ONLY.fullmatch(k)}
     if flagged and not getattr(cfg.run, "allow_config_change", False):
         raise ConfigChangeRefused(
             f"{workdir}: this run's config differs from the recorded {f}: {show(flagged)}. Rerun without the "

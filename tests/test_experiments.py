@@ -104,6 +104,9 @@ def test_main_plan_and_the_ablations_share_stages():
     assert experiment("main", rnd).variants[0].runs == ("textsft", "align", "sft", "rl")
     with pytest.raises(ValueError, match="latent.source=codebook"):
         experiment("half_font", rnd)
+    quiet = experiment("ablations", rnd)  # the table still runs, and says what it left out
+    assert "half_font" not in {x.name for x in quiet.variants}
+    assert "except half font (latent.source=random" in quiet.description and "except" not in ab.description
     with pytest.raises(ValueError, match="unknown experiment"):
         experiment("nope", cfg)
 

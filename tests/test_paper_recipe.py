@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -106,3 +107,16 @@ def test_recipe_passes_the_stages_own_checks(name):
     cfg = load_config(CONFIGS / f"{name}.yaml")
     rl._check(cfg)  # raises listing every inconsistent rl setting
     assert cfg.rl.max_prompt_tokens + cfg.rl.max_new_tokens >= 2 * cfg.data.max_len  # prompts have a budget
+
+
+def test_the_ocr2_pipeline_is_the_backbone_run_with_the_ocr2_codebook():
+    """configs/qwen3-4b-ocr2.yaml serves every stage of one workdir: the LM stages exactly as qwen3-4b.yaml, the
+    codebook exactly as codebook-ocr2.yaml, so no stage after the codebook differs from what it recorded."""
+    sets = ["init_from=weights/qwen3-4b", "codebook.init_from=weights/deepseek-ocr2"]
+    both = load_config(CONFIGS / "qwen3-4b-ocr2.yaml", sets)
+    backbone = load_config(CONFIGS / "qwen3-4b.yaml", sets)
+    codebook = load_config(CONFIGS / "codebook-ocr2.yaml", sets)
+    for section in ("model", "train", "rl", "data", "eval", "mesh"):
+        assert getattr(both, section) == getattr(backbone, section), section
+    assert both.codebook == codebook.codebook and both.codebook.min_side == both.codebook.max_side == 1024
+    assert both.latent.dual_branch == "auto" and dataclasses.replace(both.latent, dual_branch="on") == backbone.latent

@@ -64,6 +64,23 @@ def test_safe_and_unsafe_keys():
     assert is_unsafe("latent.num_latents") and is_unsafe("init_from") and is_unsafe("codebook.vit_hidden")
     assert not is_unsafe("train.sft.learning_rate") and not is_unsafe("codebook.train.num_steps")
     assert not is_unsafe("data.num_workers") and not is_unsafe("mesh.fsdp") and not is_unsafe("rl.beta")
+    # only sft reads the dual branch's switch and weight: the stages before it keep what they wrote
+    assert not is_unsafe("latent.dual_branch") and not is_unsafe("latent.dual_branch_weight")
+    assert not is_unsafe("codebook.render_cache") and is_unsafe("codebook.render_view")
+
+
+def test_a_checked_render_cache_joins_a_workdir_without_the_flag(tmp_path):
+    """README's CLI overview: a codebook stage resumed with the corpus rendered once reads the very images it would
+    draw (the cache is checked against the config), so adding the cache needs no flag; the change is logged."""
+    base = load_config(ROOT / "configs" / "tiny.yaml")
+    save_config(base, tmp_path / "config.yaml")
+    cached = load_config(ROOT / "configs" / "tiny.yaml", ["codebook.render_cache=runs/tiny_render"])
+    assert check_config_change(cached, tmp_path) == {"codebook.render_cache": ("", "runs/tiny_render")}
+    off = load_config(ROOT / "configs" / "tiny.yaml", ["latent.dual_branch=off"])
+    with pytest.raises(ConfigChangeRefused, match="latent.dual_branch: 'auto' -> 'off'.*allow_config_change"):
+        check_config_change(off, tmp_path)
+    allowed = load_config(ROOT / "configs" / "tiny.yaml", ["latent.dual_branch=off", "run.allow_config_change=true"])
+    assert check_config_change(allowed, tmp_path) == {"latent.dual_branch": ("auto", "off")}
 
 
 def test_config_changes_need_the_flag_and_are_logged(tmp_path):

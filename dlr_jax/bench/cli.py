@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if name == "sampling":
             res = bench_sampling(size, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                                  repeats=args.repeats, log=log)
-            body = render_sampling(res, command, info)
+            body = render_sampling(res, command, info, allow_load=args.allow_load)
         elif name in sections:
             body = sections[name].run_section(args, command, info, log)
         else:

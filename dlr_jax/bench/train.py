@@ -246,6 +246,7 @@ class TrainStepResult:
     param_count: int
     op_kinds: dict[str, float]  # our step's XLA op seconds by kind (profiler); {} if unavailable
     top_ops: list[tuple[str, float, str, str]]  # (op, seconds per step, result shape, jax op path)
+    loads: tuple[float, ...] = ()  # the load average before any work (later ones would count our own threads)
 
     def med(self, side: str, which: str = "step") -> float:
         return statistics.median((self.step_s if which == "step" else self.fwd_s)[side])
@@ -277,6 +278,7 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
     can make more threads far slower; the faster of the two is the fair reference). `profile`:
     afterwards compile our step once more for its FLOPs and HLO, and trace 2 more steps for the
     op-time breakdown."""
+    loads = (common.load_average(),)
     threads = threads or common.cpu_threads()
     counts = sorted({threads, 1}, reverse=True)
     sides = (OURS, *(torch_side(n) for n in counts))
@@ -325,7 +327,7 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
                            int((batch["segment_ids"] > 0).sum()), int(tm.sum()), step_s, fwd_s, first_s, losses,
                            fwd_gap, prof["compile_s"], prof["flops"], common.matmul_gflops(counts),
                            ready[OURS]["params"],
-                           prof["kinds"], [tuple(t) for t in prof["top"]])
+                           prof["kinds"], [tuple(t) for t in prof["top"]], loads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,7 +341,10 @@ def side_label(res: TrainStepResult, side: str) -> str:
     return f"PyTorch ({n} thread{'s' * (n > 1)})"
 
 
-def render_case(res: TrainStepResult) -> list[str]:
+def render_case(res: TrainStepResult, allow_load: bool = False) -> list[str]:
+    """One case's table and text; the speed-ups and the verdict read from them are left out (saying why)
+    when the machine was busy before the benchmark started (`common.ratio_refusal`), unless `allow_load`."""
+    refusal = common.ratio_refusal(list(res.loads), allow_load)
     c, sides = res.case, res.sides
     fmt = lambda xs: ", ".join(f"{x:.3f}" for x in xs)
     row = lambda name, f: f"| {name} | " + " | ".join(f(s) for s in sides) + " |"
@@ -359,7 +364,8 @@ def render_case(res: TrainStepResult) -> list[str]:
         row("target tokens/s (median)", lambda s: f"{res.tps(s, res.target_tokens):,.0f}"),
         row("seconds per step (median)", lambda s: f"{res.med(s):.3f}"),
         row("seconds per step (all repeats)", lambda s: fmt(res.step_s[s])),
-        row("speed-up of ours over this side", lambda s: "-" if s == OURS else f"**{res.ratio(s):.2f}x**"),
+        row("speed-up of ours over this side",
+            lambda s: "-" if s == OURS else "(not written)" if refusal else f"**{res.ratio(s):.2f}x**"),
         row("first step s (ours: trace + compile + run)", lambda s: f"{res.first_s[s]:.2f}"),
         row("forward-only loss s (median)", lambda s: f"{res.med(s, 'fwd'):.3f}"),
         row("backward + update s (step - forward)", lambda s: f"{res.med(s) - res.med(s, 'fwd'):.3f}"),
@@ -367,9 +373,11 @@ def render_case(res: TrainStepResult) -> list[str]:
         row("fp32 1024^3 matmul GFLOP/s, best of 5", lambda s: f"{res.matmul['xla' if s == OURS else s]:.0f}"),
         row(f"loss at step 1 / step {n_steps}", lambda s: f"{res.losses[s][0]:.5f} / {res.losses[s][-1]:.5f}"),
         "",
-        f"Speed-up over PyTorch at equal threads ({res.threads}): **{res.ratio(sides[1]):.2f}x**; over the "
-        f"faster PyTorch setting, {side_label(res, best)}: **{res.ratio(best):.2f}x** "
-        f"(target >= 1.0x: {'met' if res.ratio(best) >= 1 else 'missed'}). Losses agree: forward on the same "
+        (f"Speed-up {refusal} (load average before the benchmark: {res.loads[0]:.2f}). " if refusal else
+         f"Speed-up over PyTorch at equal threads ({res.threads}): **{res.ratio(sides[1]):.2f}x**; over the "
+         f"faster PyTorch setting, {side_label(res, best)}: **{res.ratio(best):.2f}x** "
+         f"(target >= 1.0x: {'met' if res.ratio(best) >= 1 else 'missed'}). ")
+        + f"Losses agree: forward on the same "
         f"weights differs by {res.fwd_loss_gap:.1e}, and over {n_steps} steps of each side the largest "
         f"step-for-step gap is {res.max_loss_gap:.1e}.",
         "",
@@ -384,7 +392,7 @@ def render_case(res: TrainStepResult) -> list[str]:
         lines += ["", f"Where our step's time goes (XLA CPU op time from a `jax.profiler` trace of 2 steps, "
                   f"{total:.3f} s per step summed over threads): {shares}. Costliest ops:", ""]
         lines += [f"- `{n}` {1e3 * sec:.1f} ms/step, `{shape}` (`{path}`)" for n, sec, shape, path in res.top_ops]
-    lines += ["", f"Interpretation: {interpret_train(res)}", ""]
+    lines += ["", f"Interpretation: {interpret_train(res)}", ""] if not refusal else [""]
     return lines
 
 
@@ -421,7 +429,8 @@ def interpret_train(res: TrainStepResult) -> str:
     return " ".join(parts)
 
 
-def render_train(results: Sequence[TrainStepResult], command: str, info: dict[str, str]) -> str:
+def render_train(results: Sequence[TrainStepResult], command: str, info: dict[str, str],
+                 allow_load: bool = False) -> str:
     first = results[0]
     lines = common.header("SFT train step: dlr_jax Trainer vs PyTorch (transformers + AdamW)", command, info) + [
         "Both sides train the same random Llama (a `transformers` `LlamaForCausalLM` saved, then imported "
@@ -440,7 +449,7 @@ def render_train(results: Sequence[TrainStepResult], command: str, info: dict[st
         "",
     ]
     for res in results:
-        lines += render_case(res)
+        lines += render_case(res, allow_load)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -475,4 +484,5 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
         raise ValueError(err)
     cases = train_cases()
     names = [n.strip() for n in args.train_cases.split(",") if n.strip()]
-    return render_train([bench_train(cases[n], repeats=args.train_repeats, log=log) for n in names], command, info)
+    return render_train([bench_train(cases[n], repeats=args.train_repeats, log=log) for n in names], command, info,
+                        allow_load=getattr(args, "allow_load", False))

@@ -371,4 +371,7 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
             "forced_stop": "DLR-Full with </latent> forced after n latents",
             "k_sweep": f"codebook size K in {list(kv)}", "half_font": "CoTs rendered at half the font size",
             "ablations": "every ablation of the paper's table"}[name]
+    if name == "ablations" and "half_font" not in parts:
+        desc += (f" except half font (latent.source={cfg.latent.source}: no codebook renders the CoTs; "
+                 "--set latent.source=codebook adds it)")
     return Experiment(name, desc, tuple(variants), tuple(methods))

@@ -147,7 +147,8 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
             return None
         raise ValueError(
             f"{cb_dir}: latent.dual_branch=on trains the character OCR decoder, but this codebook stage fine-tuned "
-            "DeepSeek-OCR-2 (codebook.init_from); set latent.dual_branch=off (or auto)"
+            "DeepSeek-OCR-2 (codebook.init_from); rerun sft with --set latent.dual_branch=off --set "
+            "run.allow_config_change=true (or start the workdir with latent.dual_branch=auto)"
         )
     dcfg = CodebookModelConfig.from_dict(meta)
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout),

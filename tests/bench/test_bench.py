@@ -137,7 +137,7 @@ def test_bench_sampling_runs_both_sides_on_the_same_weights(sampling_result):
 
 def test_render_sampling_has_the_table_and_verdict(sampling_result):
     info = common.machine_info()
-    text = sampling_bench.render_sampling(sampling_result, "python -m dlr_jax.bench", info)
+    text = sampling_bench.render_sampling(sampling_result, "python -m dlr_jax.bench", info, allow_load=True)
     assert text.startswith("## Greedy sampling") and info["cpu"] in text and "transformers" in info["versions"]
     assert f"{sampling_result.ours_tps:,.0f}" in text and "| decode step ms" in text
     assert ("meets" in text) == (sampling_result.ours_tps / sampling_result.hf_tps >= 3)
@@ -148,11 +148,26 @@ def test_render_sampling_has_the_table_and_verdict(sampling_result):
     timed_res = dataclasses.replace(sampling_result, ours_s=[1.0], ours_prefill_s=[0.2], hf_s=[2.0],
                                     hf_prefill_s=[0.3])
     need = sampling_result.step_gflop / ((1e3 * 1.7 / 4) / 3 / 1e3)  # transformers' step 1.7 s / 4 steps, / 3
-    text = sampling_bench.render_sampling(timed_res, "python -m dlr_jax.bench", info)
+    text = sampling_bench.render_sampling(timed_res, "python -m dlr_jax.bench", info, allow_load=True)
     assert "A 3x decode step" in text and f"needs {need:.0f} GFLOP/s" in text
     # ... and the memory floor: the bytes a step must read at the measured streaming rate.
     assert sampling_result.stream_gbs > 0 and "| decode step floor ms" in text
     assert f"no step is faster than {timed_res.floor_ms:.1f} ms" in text
+
+
+def test_render_sampling_writes_no_speed_up_measured_on_a_busy_machine(sampling_result, monkeypatch):
+    monkeypatch.setattr(common, "cpu_threads", lambda: 2)  # the 2-core host the 1.5 limit is sized for
+    info = common.machine_info()
+    res = dataclasses.replace(sampling_result, ours_s=[1.0], ours_prefill_s=[0.2], hf_s=[2.0], hf_prefill_s=[0.3])
+    idle = sampling_bench.render_sampling(dataclasses.replace(res, loads=(0.3,)), "cmd", info)
+    assert "Speed-up: **2.00x** (target >= 3x)" in idle and "Interpretation:" in idle
+    busy = sampling_bench.render_sampling(dataclasses.replace(res, loads=(3.2,)), "cmd", info)
+    assert "**2.00x**" not in busy and "Interpretation:" not in busy
+    assert "Speed-up not written: the load average was 3.20 (> 1.5 on 2 cores)" in busy
+    assert "| seconds per call (median) | 1.00 | 2.00 |" in busy and "Greedy tokens identical at 100.0%" in busy
+    forced = sampling_bench.render_sampling(dataclasses.replace(res, loads=(3.2,)), "cmd", info, allow_load=True)
+    assert "Speed-up: **2.00x**" in forced
+    assert sampling_result.loads and sampling_result.loads[0] >= 0  # bench_sampling records it
 
 
 def test_decode_bytes_count_the_weights_read_per_step_and_the_whole_cache():

@@ -79,7 +79,7 @@ def test_bench_train_sides_agree_step_for_step(result):
 
 def test_render_train_reports_both_ratios_and_the_verdict(result):
     info = common.machine_info()
-    text = bench_train.render_train([result], "python -m dlr_jax.bench --only train", info)
+    text = bench_train.render_train([result], "python -m dlr_jax.bench --only train", info, allow_load=True)
     assert text.startswith("## SFT train step") and info["cpu"] in text
     assert "| dlr_jax Trainer (XLA, 2 threads) | PyTorch (2 threads) | PyTorch (1 thread) |" in text
     assert f"**{result.tps('ours'):,.0f}**" in text and "| target tokens/s" in text
@@ -98,12 +98,23 @@ def test_render_train_explains_a_miss_from_the_profile(result):
         top_ops=[("copy_bitcast_fusion.8", 0.4, "f32[384,3584]", "jit(step_fn)/transpose(jvp())/jit(silu)"),
                  ("ynn_fusion.1", 0.1, "f32[3584,384]", "jit(step_fn)/jvp()/dot_general")],
     )
-    text = bench_train.render_train([slow], "cmd", common.machine_info())
+    text = bench_train.render_train([slow], "cmd", common.machine_info(), allow_load=True)
     assert "(target >= 1.0x: missed)" in text and "misses the 1.0x target" in text
     assert "Our XLA op time is 20% matmuls, 50% transposing copies, 10% broadcasts" in text
     assert ("1 of the 2 costliest ops are backward ops: `copy_bitcast_fusion.8` (`jit(silu)` gradient "
             "written transposed into `f32[384,3584]` by a plain loop, 400 ms)") in text
     assert "- `copy_bitcast_fusion.8` 400.0 ms/step, `f32[384,3584]`" in text
+
+
+def test_render_train_writes_no_speed_up_measured_on_a_busy_machine(result, monkeypatch):
+    monkeypatch.setattr(common, "cpu_threads", lambda: 2)  # the 2-core host the 1.5 limit is sized for
+    busy = bench_train.render_train([dataclasses.replace(result, loads=(2.4,))], "cmd", common.machine_info())
+    assert "Speed-up not written: the load average was 2.40 (> 1.5 on 2 cores)" in busy
+    assert "| speed-up of ours over this side | - | (not written) | (not written) |" in busy
+    assert "x** (target" not in busy and "Interpretation:" not in busy and "Losses agree" in busy
+    idle = bench_train.render_train([dataclasses.replace(result, loads=(0.2,))], "cmd", common.machine_info())
+    assert "(target >= 1.0x:" in idle and "Interpretation:" in idle
+    assert result.loads and result.loads[0] >= 0  # bench_train records it
 
 
 def test_main_writes_the_train_section(tmp_path, monkeypatch, result):

@@ -91,6 +91,17 @@ def setup(tmp_path_factory, compile_cache):
 # When the branch is on.
 
 
+def test_an_ocr2_codebook_turns_auto_off_and_on_names_the_way_out(tmp_path):
+    """An OCR-2 codebook has no character decoder for the branch: `auto` runs sft without it, `on` is refused
+    with a command that the workdir accepts (only sft reads the switch: workdir.SAFE_IN_UNSAFE)."""
+    d = final_dir(tmp_path, "codebook")
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"kind": "codebook", "model": {"kind": "ocr2"}}))
+    assert sft.resolve_dual_branch(_cfg(), tmp_path) is None
+    with pytest.raises(ValueError, match="--set latent.dual_branch=off --set run.allow_config_change=true"):
+        sft.resolve_dual_branch(_cfg("latent.dual_branch=on"), tmp_path)
+
+
 def test_config_values():
     assert _cfg().latent.dual_branch == "auto"
     assert _cfg("latent.dual_branch=on").latent.dual_branch == "on"  # YAML reads bare on/off as booleans
