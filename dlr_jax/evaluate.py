@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set, then the flags. Benchmarks: gsm8k gsm8k_aug gsm_hard svamp multiarith math500 math_train "
         "synthetic, and for a synthetic run its out-of-domain analogues synthetic_hard (numbers x10) and "
         "synthetic_reworded (reworded + an irrelevant sentence); optionally name:split (gsm8k_aug:valid). "
-        "Pass@1 is printed in %%; std is ddof=0 over seeds; greedy decoding runs once. Latent mode is "
+        "Pass@1 is printed in %; std is ddof=0 over seeds; greedy decoding runs once. Latent mode is "
         "constrained decoding unless --no-constrain-format (see the dlr_jax/evaluate.py docstring).",
     )
     p.add_argument("--workdir", help="the training workdir (required unless --aggregate)")
@@ -457,8 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="forced early stop: </latent> right after N latents (replaces the cap)")
     p.add_argument("--no-constrain-format", dest="constrain_format", action="store_false",
                    help="do not constrain decoding to the answer format (only the latent cap applies)")
-    p.add_argument("--data-dir", help="data root holding gsm8k/ svamp/ ... (default: $DLR_DATA_DIR or "
-                   "../shared/data)")
+    p.add_argument("--data-dir", help="data root holding gsm8k/ svamp/ ... (default: $DLR_DATA_DIR, else the "
+                   "checkout's ../shared/data, else its data/)")
     p.add_argument("--config", help="YAML whose eval: and sampling: sections replace the workdir's")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
                    help="config override, e.g. eval.batch_size=16 or eval.temperature=1.0 (repeatable)")

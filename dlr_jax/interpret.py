@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--question", action="append", default=[], help="your own question (repeatable; replaces "
                    "the benchmark questions)")
     p.add_argument("--max-latents", type=int, help="latent cap (default: eval.max_latents)")
-    p.add_argument("--data-dir", help="data root (default: $DLR_DATA_DIR or ../shared/data)")
+    p.add_argument("--data-dir",
+                   help="data root (default: $DLR_DATA_DIR, else the checkout's ../shared/data, else its data/)")
     p.add_argument("--html", required=True, help="the standalone HTML file to write")
     p.add_argument("--jsonl", help="the rows as JSONL (default: the --html path with .jsonl)")
     return p

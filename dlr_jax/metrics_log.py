@@ -26,6 +26,36 @@ def profile_window_problem(prof: tuple[int, int], start: int, total: int) -> str
     return None
 
 
+class ProfileWindow:
+    """`jax.profiler` over the steps of `profile_steps` "a:b" of a loop: the trace starts before step a + 1 and
+    stops after step b (the Trainer's loop and the RL loop share it). `before(done)` / `after(done)` take the
+    number of steps done so far; a window the run cannot reach is a printed warning, not an error."""
+
+    def __init__(self, spec: str, out_dir: Path, name: str, start: int, total: int) -> None:
+        self.prof, self.out_dir, self.name, self.tracing = parse_profile(spec), out_dir, name, False
+        if self.prof and (msg := profile_window_problem(self.prof, start, total)):
+            print(f"[{name}] warning: {msg}", flush=True)
+
+    def before(self, done: int) -> None:
+        if self.prof and done == self.prof[0]:
+            import jax
+
+            jax.profiler.start_trace(str(self.out_dir))
+            self.tracing = True
+
+    def after(self, done: int) -> None:
+        if self.tracing and self.prof and done == self.prof[1]:
+            self.close()
+            print(f"[{self.name}] profile of steps {self.prof[0]}:{self.prof[1]} in {self.out_dir}", flush=True)
+
+    def close(self) -> None:
+        if self.tracing:
+            import jax
+
+            jax.profiler.stop_trace()
+            self.tracing = False
+
+
 def jsonable(x: Any) -> Any:
     if isinstance(x, bytes):
         return {"__bytes__": x.decode("latin-1")}

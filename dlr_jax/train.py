@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="both", choices=("cot", "direct", "both", "direct_from_cot"),
                     help="textsft variant(s): cot = CoT-SFT, direct = Direct-SFT, both; direct_from_cot = a control, "
                          "Direct-SFT (train.textsft_direct settings) starting from this workdir's CoT-SFT model")
-    ap.add_argument("--steps", type=int, default=None, help="stop after this many steps (default: config)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="train the stage up to this global step (not this many more) and finish it there: its "
+                         "final model is written (default: the config's; codebook: main-phase steps after its "
+                         "warm-ups; rl: RL steps; ignored by export and --stage all)")
     args = ap.parse_args(argv)
     if not args.print_config and (args.stage is None or args.workdir is None):
         ap.error("--stage and --workdir are required (unless --print-config)")

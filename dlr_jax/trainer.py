@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dlr_jax import preemption
 from dlr_jax.config import TrainConfig
 from dlr_jax.iterator_state import gather_states, own_state
-from dlr_jax.metrics_log import MetricsWriter, jsonable, parse_profile, profile_window_problem, progress
+from dlr_jax.metrics_log import MetricsWriter, ProfileWindow, jsonable, progress
 from dlr_jax.optimizer import make_optimizer, opt_state_shardings
 from dlr_jax.preflight import check_train_config
 from dlr_jax.sharding import logical_to_spec, make_mesh, use_mesh
@@ -317,10 +317,7 @@ class Trainer:
         # Rows past the restored step were logged by a run that died before its next checkpoint: this
         # run redoes those steps, so they go (metrics.jsonl keeps one row per step).
         writer = MetricsWriter(self.dir, enabled=jax.process_index() == 0, resume_step=self.step)
-        prof = parse_profile(cfg.profile_steps)
-        if prof and (msg := profile_window_problem(prof, self.step, total)):
-            print(f"[{self.name}] warning: {msg}", flush=True)
-        tracing = False
+        window = ProfileWindow(cfg.profile_steps, self.dir / "profile", self.name, self.step, total)
         bar = progress(bar_total or total, self.step, cfg.progress and jax.process_index() == 0, self.name)
         t_last, w_last = time.perf_counter(), 0.0
         preempted = False
@@ -330,20 +327,14 @@ class Trainer:
                 # A stop asked before the first step (e.g. while the data loaded): nothing new to save.
                 preempted = self.step < total and preemption.should_stop()
                 while self.step < total and not preempted:
-                    if prof and self.step == prof[0]:
-                        jax.profiler.start_trace(str(self.dir / "profile"))
-                        tracing = True
+                    window.before(self.step)
                     try:
                         batch = next(data_iter)
                     except StopIteration:
                         print(f"[{self.name}] data exhausted at step {self.step}", flush=True)
                         break
                     pending.append((self.step + 1, self.train_step_async(batch)))
-                    if tracing and self.step == prof[1]:
-                        jax.profiler.stop_trace()
-                        tracing = False
-                        print(f"[{self.name}] profile of steps {prof[0]}:{prof[1]} in {self.dir / 'profile'}",
-                              flush=True)
+                    window.after(self.step)
                     bar.update(1)
                     log_now = self.step % cfg.log_every == 0 or self.step == total
                     ckpt_now = self.step % cfg.checkpoint_every == 0
@@ -383,8 +374,7 @@ class Trainer:
                     if not preempted and self.ckpt.latest_step() != self.step:
                         self.save(data_iter, force=True)
             finally:
-                if tracing:
-                    jax.profiler.stop_trace()
+                window.close()
                 bar.close()
                 writer.close()
         return TrainResult(self.finalize(), self.step, preempted, history)

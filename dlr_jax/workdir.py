@@ -85,9 +85,11 @@ SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.d
 # Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a
 # benchmark to a run that is still training (python -m dlr_jax.experiments ... --set eval.benchmarks=[...]) resumes.
 TRAINING_NEUTRAL = ("eval.",)
-# Display settings (a stage's progress bar, TrainConfig.progress): no step reads them, so turning one off on
-# resume needs no flag either. Exact keys: another setting that happens to end in "progress" is not exempt.
-DISPLAY_ONLY = re.compile(r"(train\.[a-z_]+|codebook\.train)\.progress")
+# Display and measurement settings (a stage's progress bar, its profiler window: TrainConfig.progress /
+# profile_steps): no step's result depends on them, so changing one on resume needs no flag either (launch/profile.sh
+# sets the window on a copy of a workdir's config). Exact keys: another setting that happens to end in "progress" is
+# not exempt.
+DISPLAY_ONLY = re.compile(r"(train\.[a-z_]+|codebook\.train)\.(progress|profile_steps)")
 # Codebook keys that are training knobs, not the networks or the corpus they read.
 CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",

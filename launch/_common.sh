@@ -21,6 +21,6 @@ run() {
     return 0
   fi
   local kv
-  for kv in "${envs[@]}"; do export "${kv?}"; done
+  for kv in ${envs[@]+"${envs[@]}"}; do export "${kv?}"; done
   "$@"
 }

@@ -5,7 +5,7 @@
 # codebook.train.num_steps, which re-spans the cosine schedule (a warm restart): this is how the
 # reported run was made, so the numbers reproduce only with the same rounds.
 #
-#   bash launch/codebook_gsm8k_cpu.sh WORKDIR [ROUNDS]     # ROUNDS default "2000 4000 7000 10000"
+#   bash launch/codebook_gsm8k_cpu.sh WORKDIR [ROUNDS]     # ROUNDS default "2000 4000 7000 10000" (no --dry-run)
 #
 # Run it from the repository root; the CoTs come from $DLR_DATA_DIR (default: the shared data dir,
 # see dlr_jax/data/paths.py; `python -m dlr_jax.data.download gsm8k gsm8k_aug` fetches them).
@@ -17,6 +17,9 @@ WORKDIR=${1:?usage: codebook_gsm8k_cpu.sh WORKDIR [ROUNDS]}
 ROUNDS=${2:-2000 4000 7000 10000}
 PY=${PYTHON:-python}
 for steps in $ROUNDS; do
+  # a finished round keeps its report: a rerun after an interruption goes on from the first round without one
+  # (rerunning a finished round would rebuild report.json from the later checkpoint and overwrite the copy)
+  if [ -f "$WORKDIR/report_$steps.json" ]; then echo "round $steps: done earlier ($WORKDIR/report_$steps.json)"; continue; fi
   JAX_PLATFORMS=${JAX_PLATFORMS:-cpu} "$PY" -m dlr_jax.train --stage codebook --config configs/tiny.yaml \
     --workdir "$WORKDIR" \
     --set 'codebook.corpus=[gsm8k_aug:train_subset_3000,gsm8k:train]' \

@@ -5,7 +5,7 @@
 set -euo pipefail
 # shellcheck source=launch/_common.sh
 source "$(dirname "$0")/_common.sh" "$@"
-set -- "${ARGS[@]}"
+set -- ${ARGS[@]+"${ARGS[@]}"}
 stage=${1:?usage: gpu_single_host.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]} config=${2:?config} workdir=${3:?workdir}
 shift 3
 flags=(

@@ -2,11 +2,12 @@
 # One process per host, every host runs this with its own DLR_PROCESS_ID (0 .. N-1):
 #   DLR_COORDINATOR=host0:1234 DLR_NUM_PROCESSES=N DLR_PROCESS_ID=i \
 #     launch/multihost.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]
-# The workdir must be on storage every host sees (shared filesystem or a GCS path).
+# The workdir must be a path every host sees on a shared filesystem (NFS, Filestore, Lustre, a bucket mounted
+# with gcsfuse): the code reads and writes plain paths, so a gs:// URL is not understood.
 set -euo pipefail
 # shellcheck source=launch/_common.sh
 source "$(dirname "$0")/_common.sh" "$@"
-set -- "${ARGS[@]}"
+set -- ${ARGS[@]+"${ARGS[@]}"}
 : "${DLR_COORDINATOR:?set DLR_COORDINATOR=host:port of process 0}"
 : "${DLR_NUM_PROCESSES:?set DLR_NUM_PROCESSES}"
 : "${DLR_PROCESS_ID:?set DLR_PROCESS_ID}"

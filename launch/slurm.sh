@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SLURM, several 8-GPU nodes, one process per node:
-#   sbatch --nodes=2 launch/slurm.sh STAGE CONFIG WORKDIR [--set k=v ...]
+#   sbatch --nodes=2 launch/slurm.sh STAGE CONFIG WORKDIR [--set k=v ...]     # from the repository root
 #   launch/slurm.sh --dry-run STAGE CONFIG WORKDIR     # prints each node's command (uses $SLURM_* if set)
 #SBATCH --job-name=dlr_jax
 #SBATCH --ntasks-per-node=1
@@ -8,9 +8,15 @@
 #SBATCH --exclusive
 set -euo pipefail
 here=$(dirname "$0")
+# sbatch runs a copy of this script from slurmd's spool directory, without its neighbours: find them in the
+# checkout it was submitted from (submit from the repository root, as `sbatch launch/slurm.sh ...`)
+if [ ! -f "$here/_common.sh" ] && [ -n "${SLURM_SUBMIT_DIR:-}" ]; then
+  here=$SLURM_SUBMIT_DIR/launch
+  [ -f "$here/_common.sh" ] || { echo "slurm.sh: no $here/_common.sh: run sbatch from the repository root" >&2; exit 2; }
+fi
 # shellcheck source=launch/_common.sh
 source "$here/_common.sh" "$@"
-set -- "${ARGS[@]}"
+set -- ${ARGS[@]+"${ARGS[@]}"}
 stage=${1:?usage: slurm.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]} config=${2:?config} workdir=${3:?workdir}
 shift 3
 nodes=${SLURM_JOB_NODELIST:-localhost}

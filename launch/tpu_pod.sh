@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # A Cloud TPU pod slice: the same command on every worker (JAX finds the pod's processes itself).
-#   TPU_NAME=my-pod ZONE=us-east5-a launch/tpu_pod.sh [--dry-run] STAGE CONFIG gs://bucket/workdir [--set ...]
+#   TPU_NAME=my-pod ZONE=us-east5-a launch/tpu_pod.sh [--dry-run] STAGE CONFIG /mnt/shared/workdir [--set ...]
 set -euo pipefail
 # shellcheck source=launch/_common.sh
 source "$(dirname "$0")/_common.sh" "$@"
-set -- "${ARGS[@]}"
+set -- ${ARGS[@]+"${ARGS[@]}"}
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}"
 stage=${1:?usage: tpu_pod.sh [--dry-run] STAGE CONFIG WORKDIR [--set ...]} config=${2:?config} workdir=${3:?workdir}
 shift 3

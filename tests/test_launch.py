@@ -58,11 +58,25 @@ def test_tpu_pod_dry_run_runs_on_every_worker_with_tpu_rules():
     assert "mesh.rules=tpu" in out.stdout
 
 
-def test_profile_dry_run_sets_the_window_and_the_hlo_dump():
+def test_profile_dry_run_sets_the_window_and_the_hlo_dump(tmp_path):
     out = _sh("launch/profile.sh", "--dry-run", "sft", "configs/tiny.yaml", "runs/t", env={"DUMP_HLO": "1"})
     assert out.returncode == 0, out.stderr
-    assert "--set train.sft.profile_steps=10:15 --steps 16" in out.stdout
-    assert "--xla_dump_to=runs/t/xla_dump" in out.stdout
+    assert "--config configs/tiny.yaml --workdir runs/t.profile-sft --set train.sft.profile_steps=10:15 --steps 16" \
+        in out.stdout
+    assert "--xla_dump_to=runs/t.profile-sft/xla_dump" in out.stdout
+    # an existing workdir: its other stages are linked, its config copied, its own sft never touched
+    w = tmp_path / "w"
+    for d in ("align", "sft", "tokenizer"):
+        (w / d).mkdir(parents=True)
+    (w / "config.yaml").write_text("{}\n")
+    out = _sh("launch/profile.sh", "--dry-run", "sft", "-", str(w), "3:5")
+    assert out.returncode == 0, out.stderr
+    scratch = f"{w}.profile-sft"
+    assert f"ln -s {w}/align {scratch}/align" in out.stdout and f"ln -s {w}/tokenizer {scratch}/tokenizer" in out.stdout
+    assert f"{w}/sft " not in out.stdout and f"cp {w}/config.yaml {scratch}/config.yaml" in out.stdout
+    assert f"--stage sft --workdir {scratch} --set train.sft.profile_steps=3:5 --steps 6" in out.stdout
+    bad = _sh("launch/profile.sh", "--dry-run", "export", "-", str(w))
+    assert bad.returncode == 2 and "STAGE must be textsft, codebook, align, sft or rl" in bad.stderr
 
 
 # The profiling recipe run for real (a trace file written, with its defaults): tests/test_metrics_resume.py.

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dlr_jax.metrics_log import profile_window_problem, truncate_metrics
+from dlr_jax.metrics_log import ProfileWindow, profile_window_problem, truncate_metrics
 from dlr_jax.trainer import Trainer
 from tests.cli_micro import ROOT, child_env, micro_yaml
 from tests.test_trainer import TCFG, dataset, lm_loss, new_model
@@ -65,6 +65,33 @@ def test_profile_window_problems():
     assert "stops at step 12" in profile_window_problem((10, 15), 0, 12)
 
 
+def test_profile_window_traces_steps_a_plus_1_to_b(tmp_path, monkeypatch, capsys):
+    import jax
+
+    calls = []
+    monkeypatch.setattr(jax.profiler, "start_trace", lambda d: calls.append(("start", d)))
+    monkeypatch.setattr(jax.profiler, "stop_trace", lambda: calls.append(("stop",)))
+    w = ProfileWindow("2:4", tmp_path, "rl", 0, 10)
+    traced = []
+    for done in range(10):  # the loop: `done` steps finished, then step done + 1 runs
+        w.before(done)
+        if w.tracing:
+            traced.append(done + 1)
+        w.after(done + 1)
+    w.close()
+    assert traced == [3, 4] and calls == [("start", str(tmp_path)), ("stop",)]
+    assert "[rl] profile of steps 2:4" in capsys.readouterr().out
+    ProfileWindow("", tmp_path, "rl", 0, 10).close()  # no window: nothing starts, nothing stops
+    cut = ProfileWindow("8:12", tmp_path, "sft", 0, 10)  # past the run's end: warned, and closed by close()
+    assert "stops at step 10" in capsys.readouterr().out
+    for done in range(10):
+        cut.before(done)
+        cut.after(done + 1)
+    assert cut.tracing
+    cut.close()
+    assert not cut.tracing and calls[-2:] == [("start", str(tmp_path)), ("stop",)]
+
+
 def test_profile_window_before_the_resume_step_is_reported(tmp_path, capsys, compile_cache):
     cfg = dataclasses.replace(TCFG, num_steps=3, checkpoint_every=2)
     Trainer(new_model(), lm_loss, cfg, tmp_path).fit(iter(dataset()), num_steps=2)
@@ -78,15 +105,24 @@ def test_profile_window_before_the_resume_step_is_reported(tmp_path, capsys, com
 
 @pytest.mark.slow
 def test_profile_sh_with_its_defaults_writes_a_trace(tmp_path):
-    cfg = micro_yaml(tmp_path / "micro.yaml")
+    """On a workdir that exists (its recorded config, CONFIG -): the stage runs in the scratch copy, which links the
+    workdir's other entries; the workdir itself is not written."""
+    from dlr_jax.config import load_config, save_config
+
     w = tmp_path / "w"
+    (w / "codebook").mkdir(parents=True)  # another stage's output, which the scratch links
+    save_config(load_config(micro_yaml(tmp_path / "micro.yaml")), w / "config.yaml")
+    before = sorted(p.name for p in w.iterdir())
     env = child_env()
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # the venv's `python`
-    out = subprocess.run(["bash", str(ROOT / "launch" / "profile.sh"), "textsft", str(cfg), str(w)], cwd=ROOT,
+    out = subprocess.run(["bash", str(ROOT / "launch" / "profile.sh"), "textsft", "-", str(w)], cwd=ROOT,
                          env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "profile of steps 10:15" in out.stdout
-    traces = list((w / "textsft_cot" / "profile").rglob("*.xplane.pb"))  # train.textsft = the CoT run
+    scratch = tmp_path / "w.profile-textsft"
+    traces = list((scratch / "textsft_cot" / "profile").rglob("*.xplane.pb"))  # train.textsft = the CoT run
     assert traces and traces[0].stat().st_size > 0
     for stage in ("textsft_cot", "textsft_direct"):  # --steps 16 = end of the window + 1
-        assert _steps(w / stage / "metrics.jsonl") == list(range(1, 17))
+        assert _steps(scratch / stage / "metrics.jsonl") == list(range(1, 17))
+    assert (scratch / "codebook").is_symlink() and (scratch / "codebook").resolve() == (w / "codebook").resolve()
+    assert sorted(p.name for p in w.iterdir()) == before  # nothing written into the workdir itself

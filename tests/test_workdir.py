@@ -157,6 +157,8 @@ def test_turning_a_progress_bar_off_on_resume_needs_no_flag(tmp_path):
                                "train.sft.progress", "train.rl.progress", "codebook.train.progress")]))}
     assert len(progress_keys) == 6 and all(DISPLAY_ONLY.fullmatch(k) for k in progress_keys)
     assert not DISPLAY_ONLY.fullmatch("rl.curriculum.progress") and not DISPLAY_ONLY.fullmatch("model.progress")
+    # the profiler window is a measurement setting too (launch/profile.sh sets it on a copy of the recorded config)
+    assert DISPLAY_ONLY.fullmatch("train.rl.profile_steps") and DISPLAY_ONLY.fullmatch("codebook.train.profile_steps")
 
 @pytest.fixture
 def used_workdir(tmp_path):

@@ -92,9 +92,10 @@ class StagesConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """Latent GRPO (stage rl, dlr_jax/stages/rl.py). Defaults are the paper's settings: G = 32 rollouts
-    per prompt at T = 1.0, reward R_ans + 0.25 r_proc + 0.1 R_fmt, group-normalised advantages,
-    token-level clipped ratio (eps = 0.2), k3 KL to the SFT model (beta = 1e-3), mu = 4 inner epochs.
+    """Latent GRPO (stage rl, dlr_jax/stages/rl.py). Defaults follow the paper where it gives a value: G = 32
+    rollouts per prompt at T = 1.0, reward R_ans + 0.25 r_proc + 0.1 R_fmt, group-normalised advantages,
+    token-level clipped ratio (eps = 0.2), k3 KL to the SFT model (beta = 1e-3), mu = 4 inner epochs; the
+    prompts per step and the lengths are ours (configs/paper/gsm8k.yaml sets the recipe's: 2 prompts, 256 tokens).
     `--set rl.process_weight=0` is the process-reward ablation."""
 
     num_prompts: int = 16  # P prompts per RL step (P * G rollouts)

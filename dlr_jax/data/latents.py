@@ -40,8 +40,8 @@ RECORD_FIELDS = ("question", "cot", "answer", "source", "extra")
 
 
 def latents_path(workdir: str | os.PathLike, split: str) -> Path:
-    """`<workdir>/latents/<split>.jsonl`."""
-    return Path(workdir) / LATENTS_DIR / f"{split}.jsonl"
+    """`<workdir>/latents/<split>.jsonl` (a "name:split" split, another benchmark's, as name-split.jsonl)."""
+    return Path(workdir) / LATENTS_DIR / f"{split.replace(':', '-')}.jsonl"
 
 
 class LatentTable(Mapping[str, tuple[int, ...]]):

@@ -11,8 +11,10 @@ from dlr_jax.data.records import Example
 
 
 def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list[Example]:
-    """Split `split` of the config's dataset. For a synthetic dataset, `benchmark` may name one of its
-    evaluation-only variants (`synthetic_hard`, `synthetic_reworded`), drawn from the same settings and seed."""
+    """Split `split` of the config's dataset, or "name:split" of another benchmark (from the data root; e.g.
+    `data.eval_split: math500:test` beside `math_train`, which has only a train split). For a synthetic dataset,
+    `benchmark` may name one of its evaluation-only variants (`synthetic_hard`, `synthetic_reworded`), drawn from
+    the same settings and seed."""
     d = cfg.data
     if d.dataset == "synthetic":
         from dlr_jax.data.synthetic import SyntheticConfig
@@ -29,6 +31,9 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
         )
     if benchmark != "synthetic":
         raise ValueError(f"{benchmark} is a variant of the synthetic task; this config's dataset is {d.dataset!r}")
+    other, sep, other_split = split.partition(":")
+    if sep:  # "name:split": another benchmark's split, e.g. MATH-500 held out beside the MATH training set
+        return load_benchmark(other, split=other_split)
     return load_benchmark(d.dataset, path=d.path, split=split)
 
 

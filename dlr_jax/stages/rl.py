@@ -48,7 +48,7 @@ from dlr_jax.config import Config
 from dlr_jax.data.formats import parse_generation, prompt_ids
 from dlr_jax.data.sources import load_examples
 from dlr_jax.handoff import save_stage_model
-from dlr_jax.metrics_log import MetricsWriter
+from dlr_jax.metrics_log import MetricsWriter, ProfileWindow
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
 from dlr_jax.sampling import Sampler, left_pad
@@ -458,15 +458,18 @@ def run(
                   f"{m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} ({int(m['eval/rollouts'])} rollouts)",
                   flush=True)
 
+    window = ProfileWindow(tcfg.profile_steps, trainer.dir / "profile", "rl", stream.steps, total)
     try:
         if stream.steps == 0:
             log_eval(0)
         while stream.steps < total:
+            window.before(stream.steps)
             idx = next(stream)
             step = stream.steps
             group = [examples[i] for i in idx for _ in range(rl.group_size)]
             rows = [prompts[i] for i in idx for _ in range(rl.group_size)]
             metrics = grpo_step(rows, group, step)
+            window.after(step)
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             if (step % tcfg.log_every == 0 or step == total) and jax.process_index() == 0:
@@ -484,6 +487,7 @@ def run(
             if rl.eval_prompts and (step % rl.eval_every == 0 or step == total):
                 log_eval(step)
     finally:
+        window.close()
         writer.close()
         signals.__exit__(None, None, None)
     final = trainer.finalize()

@@ -254,9 +254,13 @@ def test_process_reward_is_skipped_for_ids_that_are_not_the_codebooks(workdir, m
     monkeypatch.setattr(rl, "load_latent_decoder", no_decoder)
     other = w.parent / "rl_step_results"  # the module's workdir, before any rl run
     shutil.copytree(w, other, ignore=shutil.ignore_patterns("rl"))
-    res = rl.run(apply_overrides(cfg, ["latent.source=step_results"]), other, num_steps=1)
-    assert "process reward skipped: latent.source=step_results" in capsys.readouterr().out
+    # the RL loop honours the profiler window as the Trainer's loop does (launch/profile.sh rl ...)
+    res = rl.run(apply_overrides(cfg, ["latent.source=step_results", "train.rl.profile_steps=0:1"]), other,
+                 num_steps=1)
+    out = capsys.readouterr().out
+    assert "process reward skipped: latent.source=step_results" in out
     assert "reward/process" not in res.history[0]
+    assert "[rl] profile of steps 0:1" in out and list((other / "rl" / "profile").rglob("*.xplane.pb"))
 
 
 def test_bad_rl_config_is_rejected(workdir):
