@@ -24,3 +24,11 @@ run() {
   for kv in ${envs[@]+"${envs[@]}"}; do export "${kv?}"; done
   "$@"
 }
+
+# config_args CONFIG: CFG_ARGS=(--config CONFIG), or none for "-" (the config the workdir recorded at its first stage,
+# which a later stage reads when --config is left out).
+config_args() {
+  CFG_ARGS=()
+  # shellcheck disable=SC2034  # read by the sourcing script
+  [ "$1" = - ] || CFG_ARGS=(--config "$1")
+}

@@ -8,6 +8,7 @@ source "$(dirname "$0")/_common.sh" "$@"
 set -- ${ARGS[@]+"${ARGS[@]}"}
 stage=${1:?usage: gpu_single_host.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]} config=${2:?config} workdir=${3:?workdir}
 shift 3
+config_args "$config"
 flags=(
   # Overlap the FSDP all-gathers / reduce-scatters with compute instead of running them in sequence.
   --xla_gpu_enable_latency_hiding_scheduler=true
@@ -22,4 +23,4 @@ flags=(
 # Leave ~8 % of HBM to cuDNN / NCCL workspaces outside XLA's preallocated pool.
 mem=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
 run "XLA_FLAGS=${XLA_FLAGS:-} ${flags[*]}" "XLA_PYTHON_CLIENT_MEM_FRACTION=$mem" -- \
-  "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" --config "$config" --workdir "$workdir" "$@"
+  "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" ${CFG_ARGS[@]+"${CFG_ARGS[@]}"} --workdir "$workdir" "$@"

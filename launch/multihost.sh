@@ -13,6 +13,7 @@ set -- ${ARGS[@]+"${ARGS[@]}"}
 : "${DLR_PROCESS_ID:?set DLR_PROCESS_ID}"
 stage=${1:?usage: multihost.sh [--dry-run] STAGE CONFIG WORKDIR [--set k=v ...]} config=${2:?config} workdir=${3:?workdir}
 shift 3
+config_args "$config"
 run "DLR_COORDINATOR=$DLR_COORDINATOR" "DLR_NUM_PROCESSES=$DLR_NUM_PROCESSES" "DLR_PROCESS_ID=$DLR_PROCESS_ID" \
   "XLA_FLAGS=${XLA_FLAGS:-} --xla_gpu_enable_latency_hiding_scheduler=true" -- \
-  "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" --config "$config" --workdir "$workdir" "$@"
+  "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" ${CFG_ARGS[@]+"${CFG_ARGS[@]}"} --workdir "$workdir" "$@"

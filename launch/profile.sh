@@ -26,11 +26,10 @@ case $stage in
   *) echo "profile.sh: STAGE must be textsft, codebook, align, sft or rl (a training loop), got '$stage'" >&2; exit 2 ;;
 esac
 scratch=${PROFILE_DIR:-${workdir%/}.profile-$stage}
-cfg_args=()
-if [ "$config" = - ]; then
-  [ "$DRY_RUN" = 1 ] || [ -f "$workdir/config.yaml" ] || { echo "profile.sh: CONFIG - needs $workdir/config.yaml" >&2; exit 2; }
-else
-  cfg_args=(--config "$config")
+config_args "$config"
+if [ "$config" = - ] && [ "$DRY_RUN" = 0 ] && [ ! -f "$workdir/config.yaml" ]; then
+  echo "profile.sh: CONFIG - needs $workdir/config.yaml" >&2
+  exit 2
 fi
 run -- mkdir -p "$scratch"
 if [ -d "$workdir" ]; then
@@ -48,6 +47,6 @@ if [ -d "$workdir" ]; then
 fi
 xla=${XLA_FLAGS:-}
 if [ "${DUMP_HLO:-0}" = 1 ]; then xla="$xla --xla_dump_to=$scratch/xla_dump --xla_dump_hlo_as_text"; fi
-run "XLA_FLAGS=$xla" -- "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" ${cfg_args[@]+"${cfg_args[@]}"} \
+run "XLA_FLAGS=$xla" -- "${PYTHON:-python}" -m dlr_jax.train --stage "$stage" ${CFG_ARGS[@]+"${CFG_ARGS[@]}"} \
   --workdir "$scratch" --set "$section.profile_steps=$steps" --steps "$((end + 1))" "$@"
 [ "$DRY_RUN" = 1 ] || echo "trace written under $scratch/*/profile: xprof --logdir <that dir> (pip install xprof)"

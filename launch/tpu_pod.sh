@@ -8,6 +8,9 @@ set -- ${ARGS[@]+"${ARGS[@]}"}
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}"
 stage=${1:?usage: tpu_pod.sh [--dry-run] STAGE CONFIG WORKDIR [--set ...]} config=${2:?config} workdir=${3:?workdir}
 shift 3
-extra=$(printf '%q ' "$@")
-remote="cd ~/dlr_jax && python -m dlr_jax.train --stage $stage --config $config --workdir $workdir --set mesh.rules=tpu $extra"
+quote() { [ "$#" -eq 0 ] || printf '%q ' "$@"; }  # printf alone would print '' for no arguments
+extra=$(quote "$@")
+config_args "$config"
+cfg=$(quote ${CFG_ARGS[@]+"${CFG_ARGS[@]}"})
+remote="cd ~/dlr_jax && python -m dlr_jax.train --stage $stage $cfg--workdir $workdir --set mesh.rules=tpu $extra"
 run -- gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command "$remote"

@@ -58,6 +58,15 @@ def test_tpu_pod_dry_run_runs_on_every_worker_with_tpu_rules():
     assert "mesh.rules=tpu" in out.stdout
 
 
+def test_config_dash_means_the_config_the_workdir_recorded():
+    single = _sh("launch/gpu_single_host.sh", "--dry-run", "sft", "-", "runs/w", "--set", "a=b")
+    assert single.returncode == 0 and "--config" not in single.stdout
+    assert "python -m dlr_jax.train --stage sft --workdir runs/w --set a=b" in single.stdout
+    pod = _sh("launch/tpu_pod.sh", "--dry-run", "rl", "-", "/mnt/w", env={"TPU_NAME": "pod", "ZONE": "z"})
+    assert pod.returncode == 0 and "--config" not in pod.stdout and "\\'\\'" not in pod.stdout  # no empty '' argument
+    assert "--stage\\ rl\\ --workdir\\ /mnt/w\\ --set\\ mesh.rules=tpu" in pod.stdout
+
+
 def test_profile_dry_run_sets_the_window_and_the_hlo_dump(tmp_path):
     out = _sh("launch/profile.sh", "--dry-run", "sft", "configs/tiny.yaml", "runs/t", env={"DUMP_HLO": "1"})
     assert out.returncode == 0, out.stderr

@@ -15,11 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _section_commands(title: str) -> list[list[str]]:
-    """The `python -m dlr_jax.train` commands of the first bash block after `## title`, continuations joined."""
+    """The train commands of the first bash block after `## title`, continuations joined: `python -m dlr_jax.train`
+    lines as they are, `launch/gpu_single_host.sh STAGE CONFIG W ...` as the train command it runs."""
     text = (ROOT / "README.md").read_text()
     block = text[text.index(f"## {title}"):].split("```bash\n", 1)[1].split("```", 1)[0]
     lines = re.sub(r"\\\n\s*", " ", block).splitlines()
-    return [shlex.split(ln, comments=True) for ln in lines if ln.startswith("python -m dlr_jax.train ")]
+    out = []
+    for ln in lines:
+        if ln.startswith("python -m dlr_jax.train ") and "--print-config" not in ln:
+            out.append(shlex.split(ln, comments=True))
+        elif ln.startswith("launch/gpu_single_host.sh "):
+            _, stage, config, workdir, *rest = shlex.split(ln, comments=True)
+            out.append(["--stage", stage, *(["--config", config] if config != "-" else []), "--workdir", workdir,
+                        *rest])
+    return out
 
 
 def _options(argv: list[str]) -> tuple[str | None, str, list[str]]:
@@ -47,3 +56,16 @@ def test_cli_overview_train_commands_pass_the_workdir_check_in_order(tmp_path):
         cfg = resolve_config(config, str(w), sets)
         check_config_change(cfg, w)  # raises ConfigChangeRefused, naming the keys, where a user would be refused
         save_config(cfg, w / "config.yaml")  # what prepare_workdir records for the next stage
+
+
+def test_full_scale_stages_pass_the_workdir_check_in_order(tmp_path):
+    commands = _section_commands("Full-scale run")
+    assert [c[c.index("--stage") + 1] for c in commands] == ["codebook", "export", "textsft", "align", "sft", "rl"]
+    w = tmp_path / "w"
+    w.mkdir()
+    for argv in commands:
+        config, _, sets = _options(argv)
+        cfg = resolve_config(config, str(w), sets)
+        check_config_change(cfg, w)
+        save_config(cfg, w / "config.yaml")
+        assert cfg.init_from == "weights/qwen3-4b" and cfg.model.model_type == "qwen3"  # the backbone throughout
