@@ -306,7 +306,9 @@ def download(
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Download public math-reasoning benchmarks (pinned commits).")
-    p.add_argument("names", nargs="+", metavar="NAME", help=f"{', '.join(SOURCES)} or all")
+    p.add_argument("names", nargs="+", metavar="NAME",
+                   help=f"{', '.join(SOURCES)} or all (every one but gsm8k_aug_full, the 88 MB full GSM8K-Aug train "
+                   "set; without it gsm8k_aug:train reads the 3,000-line subset)")
     p.add_argument(
         "--to",
         default=os.environ.get("DLR_DATA_DIR", "data"),
