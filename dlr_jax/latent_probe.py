@@ -158,7 +158,7 @@ def run(workdir: str | Path, stage: str = "sft", *, split: str | None = None, li
                             mesh=model_mesh(model), rules=cfg.mesh.rules, progress=progress)
     result = {"workdir": str(workdir), "stage": stage, "split": split, "latent_source": cfg.latent.source,
               "benchmark": benchmark, **result}
-    out = stage_dir(workdir, stage) / "eval" / f"latent_probe_{split}.json"
+    out = stage_dir(workdir, stage) / "eval" / f"latent_probe_{split.replace(':', '-')}.json"  # math500:test
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     result["path"] = str(out)

@@ -31,11 +31,16 @@ STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
 
 def resolve_config(config: str | None, workdir: str, overrides: list[str]) -> Config:
-    """--config wins; else the workdir's recorded config (resuming); else the defaults."""
+    """--config wins; else the workdir's recorded config (resuming). Neither is an error: a mistyped workdir
+    must not start the built-in defaults on a cluster (launch scripts pass no --config for CONFIG `-`)."""
     recorded = Path(workdir) / "config.yaml"
     if config is None and recorded.is_file():
         return load_config(recorded, overrides)
-    return load_config(config, overrides)
+    cfg = load_config(config, overrides)  # the overrides' keys are checked either way
+    if config is None:
+        raise ConfigError(f"{recorded} does not exist (no stage has run in {workdir}) and no --config was given: "
+                          "pass --config for a workdir's first stage (a launch script's CONFIG, not -)")
+    return cfg
 
 
 def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", steps: int | None = None) -> None:

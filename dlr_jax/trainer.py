@@ -305,8 +305,11 @@ class Trainer:
         *,
         resume: bool = True,
         bar_total: int | None = None,
+        window: ProfileWindow | None = None,
     ) -> TrainResult:
-        """Train until step `num_steps` (default cfg.num_steps). `bar_total`: the step the progress bar
+        """Train until step `num_steps` (default cfg.num_steps). `window`: the profiler window of a run fitted in
+        chunks (the caller builds it once over the whole run and closes it); by default this call's own, from
+        cfg.profile_steps. `bar_total`: the step the progress bar
         counts to, for callers that fit a run in chunks (default: `num_steps`)."""
         cfg = self.cfg
         total = cfg.num_steps if num_steps is None else num_steps
@@ -317,7 +320,9 @@ class Trainer:
         # Rows past the restored step were logged by a run that died before its next checkpoint: this
         # run redoes those steps, so they go (metrics.jsonl keeps one row per step).
         writer = MetricsWriter(self.dir, enabled=jax.process_index() == 0, resume_step=self.step)
-        window = ProfileWindow(cfg.profile_steps, self.dir / "profile", self.name, self.step, total)
+        own_window = window is None
+        if window is None:
+            window = ProfileWindow(cfg.profile_steps, self.dir / "profile", self.name, self.step, total)
         bar = progress(bar_total or total, self.step, cfg.progress and jax.process_index() == 0, self.name)
         t_last, w_last = time.perf_counter(), 0.0
         preempted = False
@@ -374,7 +379,8 @@ class Trainer:
                     if not preempted and self.ckpt.latest_step() != self.step:
                         self.save(data_iter, force=True)
             finally:
-                window.close()
+                if own_window:
+                    window.close()
                 bar.close()
                 writer.close()
         return TrainResult(self.finalize(), self.step, preempted, history)

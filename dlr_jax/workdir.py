@@ -29,6 +29,7 @@ The layout (DESIGN.md "Workdir"), which every stage, evaluation and export agree
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -194,6 +195,12 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
             out |= _flat(v, f"{prefix}{k}.")
         return out
     return {prefix[:-1]: tree}
+
+
+def recordable(cfg: Config) -> Config:
+    """`cfg` as a workdir records it: without run.allow_config_change, which permits the one run that was given it
+    (recorded, every later run resuming from config.yaml would be allowed any change)."""
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, allow_config_change=False))
 
 
 def is_unsafe(key: str) -> bool:

@@ -81,11 +81,17 @@ def test_profile_dry_run_sets_the_window_and_the_hlo_dump(tmp_path):
     out = _sh("launch/profile.sh", "--dry-run", "sft", "-", str(w), "3:5")
     assert out.returncode == 0, out.stderr
     scratch = f"{w}.profile-sft"
-    assert f"ln -s {w}/align {scratch}/align" in out.stdout and f"ln -s {w}/tokenizer {scratch}/tokenizer" in out.stdout
+    assert f"ln -sfn {w}/align {scratch}/align" in out.stdout
+    assert f"ln -sfn {w}/tokenizer {scratch}/tokenizer" in out.stdout
     assert f"{w}/sft " not in out.stdout and f"cp {w}/config.yaml {scratch}/config.yaml" in out.stdout
     assert f"--stage sft --workdir {scratch} --set train.sft.profile_steps=3:5 --steps 6" in out.stdout
     bad = _sh("launch/profile.sh", "--dry-run", "export", "-", str(w))
     assert bad.returncode == 2 and "STAGE must be textsft, codebook, align, sft or rl" in bad.stderr
+    both = _sh("launch/profile.sh", "--dry-run", "textsft", "-", str(w))
+    assert both.returncode == 2 and "add --mode cot, direct or direct_from_cot" in both.stderr
+    direct = _sh("launch/profile.sh", "--dry-run", "textsft", "-", str(w), "--mode", "direct_from_cot")
+    assert "--set train.textsft_direct.profile_steps=10:15 --steps 16 --mode direct_from_cot" in direct.stdout
+    assert _sh("launch/profile.sh", "--dry-run", "sft", "-", str(w), env={"PROFILE_DIR": str(w)}).returncode == 2
 
 
 # The profiling recipe run for real (a trace file written, with its defaults): tests/test_metrics_resume.py.

@@ -92,6 +92,26 @@ def test_profile_window_traces_steps_a_plus_1_to_b(tmp_path, monkeypatch, capsys
     assert not cut.tracing and calls[-2:] == [("start", str(tmp_path)), ("stop",)]
 
 
+def test_one_window_spans_a_run_fitted_in_chunks(tmp_path, monkeypatch, capsys, compile_cache):
+    """The codebook's main phase is fitted in chunks (dead codes refreshed between them): the caller's window is
+    traced across a chunk boundary, and no chunk warns that it starts or ends outside it."""
+    import jax
+
+    calls = []
+    monkeypatch.setattr(jax.profiler, "start_trace", lambda d: calls.append(("start", jax_step(tr))))
+    monkeypatch.setattr(jax.profiler, "stop_trace", lambda: calls.append(("stop", jax_step(tr))))
+    jax_step = lambda t: t.step  # noqa: E731
+    cfg = dataclasses.replace(TCFG, num_steps=6, checkpoint_every=10, profile_steps="1:4")
+    tr = Trainer(new_model(), lm_loss, cfg, tmp_path)
+    window = ProfileWindow(cfg.profile_steps, tmp_path / "profile", "codebook", 0, 6)
+    data = iter(dataset())
+    for end in (2, 4, 6):
+        tr.fit(data, end, resume=False, bar_total=6, window=window)
+    window.close()
+    assert calls == [("start", 1), ("stop", 4)]  # steps 2-4 traced, over the chunk boundary at 2
+    assert "warning" not in capsys.readouterr().out
+
+
 def test_profile_window_before_the_resume_step_is_reported(tmp_path, capsys, compile_cache):
     cfg = dataclasses.replace(TCFG, num_steps=3, checkpoint_every=2)
     Trainer(new_model(), lm_loss, cfg, tmp_path).fit(iter(dataset()), num_steps=2)
@@ -115,14 +135,15 @@ def test_profile_sh_with_its_defaults_writes_a_trace(tmp_path):
     before = sorted(p.name for p in w.iterdir())
     env = child_env()
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # the venv's `python`
-    out = subprocess.run(["bash", str(ROOT / "launch" / "profile.sh"), "textsft", "-", str(w)], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "profile of steps 10:15" in out.stdout
+    cmd = ["bash", str(ROOT / "launch" / "profile.sh"), "textsft", "-", str(w), "--mode", "cot"]
     scratch = tmp_path / "w.profile-textsft"
-    traces = list((scratch / "textsft_cot" / "profile").rglob("*.xplane.pb"))  # train.textsft = the CoT run
-    assert traces and traces[0].stat().st_size > 0
-    for stage in ("textsft_cot", "textsft_direct"):  # --steps 16 = end of the window + 1
-        assert _steps(scratch / stage / "metrics.jsonl") == list(range(1, 17))
+    for attempt in range(2):  # a rerun profiles afresh (the previous profile's stage is replaced), not a no-op
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "profile of steps 10:15" in out.stdout and "nothing will be traced" not in out.stdout, attempt
+        traces = list((scratch / "textsft_cot" / "profile").rglob("*.xplane.pb"))  # train.textsft = the CoT run
+        assert len(traces) == 1 and traces[0].stat().st_size > 0
+        assert _steps(scratch / "textsft_cot" / "metrics.jsonl") == list(range(1, 17))  # --steps 16 = the end + 1
+    assert not (scratch / "textsft_direct").exists()  # --mode cot: one run
     assert (scratch / "codebook").is_symlink() and (scratch / "codebook").resolve() == (w / "codebook").resolve()
     assert sorted(p.name for p in w.iterdir()) == before  # nothing written into the workdir itself

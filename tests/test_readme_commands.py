@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dlr_jax.config import save_config
 from dlr_jax.train import resolve_config
-from dlr_jax.workdir import check_config_change
+from dlr_jax.workdir import check_config_change, recordable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_cli_overview_train_commands_pass_the_workdir_check_in_order(tmp_path):
         assert config is not None or (w / "config.yaml").is_file(), f"{shlex.join(argv)}: a new workdir needs --config"
         cfg = resolve_config(config, str(w), sets)
         check_config_change(cfg, w)  # raises ConfigChangeRefused, naming the keys, where a user would be refused
-        save_config(cfg, w / "config.yaml")  # what prepare_workdir records for the next stage
+        save_config(recordable(cfg), w / "config.yaml")  # what prepare_workdir records for the next stage
 
 
 def test_full_scale_stages_pass_the_workdir_check_in_order(tmp_path):
@@ -67,5 +67,5 @@ def test_full_scale_stages_pass_the_workdir_check_in_order(tmp_path):
         config, _, sets = _options(argv)
         cfg = resolve_config(config, str(w), sets)
         check_config_change(cfg, w)
-        save_config(cfg, w / "config.yaml")
+        save_config(recordable(cfg), w / "config.yaml")
         assert cfg.init_from == "weights/qwen3-4b" and cfg.model.model_type == "qwen3"  # the backbone throughout

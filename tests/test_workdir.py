@@ -101,6 +101,13 @@ def test_config_changes_need_the_flag_and_are_logged(tmp_path):
     with pytest.raises(ConfigChangeRefused, match=r"refusing to change model\.num_layers: 2 -> 3"):
         check_config_change(both, tmp_path)
     assert set(config_diff(base, both)) == {"model.num_layers"}  # the flag itself is not a change
+    # the flag permits the run it was given to, not every run after it: the workdir records it off
+    from dlr_jax.stages.common import prepare_workdir
+
+    prepare_workdir(allowed, tmp_path)
+    assert load_config(tmp_path / "config.yaml").run.allow_config_change is False
+    with pytest.raises(ConfigChangeRefused, match="train.sft.learning_rate: 0.0003 -> 0.001"):
+        check_config_change(base, tmp_path)
 
 
 def test_processes_learn_that_process_0_refused_the_run(tmp_path):

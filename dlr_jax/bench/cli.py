@@ -9,13 +9,14 @@ section's text, which `common.write_section` puts between the section's markers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from dlr_jax.bench import codebook, grpo_peers, latent_cost, render_cache, rl, train
-from dlr_jax.bench.common import MAX_LOAD, SIZES, machine_info, write_section
+from dlr_jax.bench.common import MAX_LOAD, SIZES, load_average, machine_info, write_section
 from dlr_jax.bench.compile import bench_compile, render_compile
 from dlr_jax.bench.sampling import bench_sampling, render_sampling
 
@@ -44,8 +45,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
     ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
     ap.add_argument("--allow-load", action="store_true",
-                    help=f"write ratios even when the load average exceeded {MAX_LOAD} (per 2 usable cores) "
-                         "while measuring")
+                    help=f"write peer ratios even when the load average before the run exceeded {MAX_LOAD} (per 2 "
+                         "usable cores): other work on the machine, which would make them measure contention")
     sections = {"train": train, "codebook": codebook, "rl": rl, "render_cache": render_cache, "grpo_peers": grpo_peers,
                 "latent_cost": latent_cost}
     for mod in sections.values():
@@ -71,11 +72,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv is None and os.environ.get("MAKELEVEL"):
         command = f"make bench  (= {command})"
     log = lambda msg: print(msg, flush=True)
+    # The load before any benchmark ran gates every section's ratios: a later reading would count this run's
+    # own earlier sections (the 1-minute average decays over minutes) and refuse an idle machine's ratios.
+    args.start_load = load_average()
     for name in args.only:
         info = machine_info()
         if name == "sampling":
             res = bench_sampling(size, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                                  repeats=args.repeats, log=log)
+            res = dataclasses.replace(res, loads=(args.start_load,))
             body = render_sampling(res, command, info, allow_load=args.allow_load)
         elif name in sections:
             body = sections[name].run_section(args, command, info, log)

@@ -214,11 +214,13 @@ def update_flops(size: common.Size, sequences: int, seq_len: int) -> float:
 # Report.
 
 
-def render_section(res: PeersResult, command: str, info: dict[str, str], *, allow_load: bool = False) -> str:
+def render_section(res: PeersResult, command: str, info: dict[str, str], *, allow_load: bool = False,
+                   start_load: float | None = None) -> str:
     w = res.workload
     # Gate on the load before the first step: during the run the 1-minute average counts the
     # benchmark's own threads (a framework step keeps both cores busy, reading ~2 by itself).
-    refusal = common.ratio_refusal(res.loads[:1], allow_load)
+    # the gate: the load before any benchmark of this run (the CLI's), else before our first round
+    refusal = common.ratio_refusal([start_load] if start_load is not None else res.loads[:1], allow_load)
     on_gpu = w.get("device") == "gpu"
     gpu_note = " matmuls (no TF32) on the GPU" if on_gpu else ""
     title = "GRPO step on a GPU: dlr_jax vs TRL and tunix" if on_gpu else "GRPO step: dlr_jax vs TRL and tunix"
@@ -352,4 +354,5 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
     res = bench_grpo_peers(common.SIZES[args.peers_size], mus=parse_mus(args.peers_mu), steps=args.repeats,
                            peers_dir=args.peers_dir, frameworks=tuple(args.peers_only.split(",")), log=log,
                            device=args.peers_device)
-    return render_section(res, command, info, allow_load=getattr(args, "allow_load", False))
+    return render_section(res, command, info, allow_load=getattr(args, "allow_load", False),
+                          start_load=getattr(args, "start_load", None))

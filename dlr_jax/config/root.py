@@ -21,7 +21,7 @@ class DataConfig:
     dataset: str = "synthetic"  # any dlr_jax.data.readers.load_benchmark name
     path: str | None = None  # a user copy of the dataset (file or folder); None = shared data
     train_split: str = "train"
-    eval_split: str = "test"  # or "name:split" of another benchmark (math_train has no test split: math500:test)
+    eval_split: str = "test"  # or "name:split" of another benchmark, for a non-synthetic dataset (math500:test)
     max_len: int = 256  # tokens per training row; longer examples are dropped and counted
     synthetic_train: int = 20000
     synthetic_eval: int = 500

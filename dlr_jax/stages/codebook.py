@@ -47,6 +47,7 @@ from dlr_jax.config import Config, to_dict
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.sources import corpus_texts
 from dlr_jax.files import atomic_path, write_text_atomic
+from dlr_jax.metrics_log import ProfileWindow
 from dlr_jax.models.codebook_model import (
     CodebookModel,
     CodebookModelConfig,
@@ -367,7 +368,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     def warm_up(model: CodebookModel, steps: int, sub: str, stream) -> nnx.Module | dict[str, Any]:
         """`steps` continuous-branch steps in <out>/<sub> (resumable); the model, or the preemption record."""
         warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop),
-                       dataclasses.replace(cb.train, num_steps=steps), out / sub,
+                       dataclasses.replace(cb.train, num_steps=steps, profile_steps=""), out / sub,  # window: main
                        trainable=nnx.All(nnx.Param, nnx.Not(nnx.PathContains("vq"))), mesh=mesh,
                        rules=cfg.mesh.rules, name=f"codebook-{sub.replace('_', '-')}")
         warmed = warm.fit(stream, steps)
@@ -413,12 +414,17 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     else:  # fit in chunks; codes are refreshed between chunks (after a resume, too: same step, same rng)
         trainer.restore(feed)
         result = None
-        while trainer.step < total and not (result and result.preempted):
-            if trainer.step and trainer.step % cb.dead_code_every == 0:
-                refreshed.append((trainer.step, refresh_codes(trainer, plan, cb.dead_code_batches, seed)))
-            result = trainer.fit(feed, min(total, (trainer.step // cb.dead_code_every + 1) * cb.dead_code_every),
-                                 resume=False, bar_total=total)
-        result = result or trainer.fit(feed, total, resume=False)
+        # one profiler window over the whole main phase (a window may span a refresh), not one per chunk
+        window = ProfileWindow(main_train.profile_steps, out / "profile", STAGE, trainer.step, total)
+        try:
+            while trainer.step < total and not (result and result.preempted):
+                if trainer.step and trainer.step % cb.dead_code_every == 0:
+                    refreshed.append((trainer.step, refresh_codes(trainer, plan, cb.dead_code_batches, seed)))
+                result = trainer.fit(feed, min(total, (trainer.step // cb.dead_code_every + 1) * cb.dead_code_every),
+                                     resume=False, bar_total=total, window=window)
+            result = result or trainer.fit(feed, total, resume=False, window=window)
+        finally:
+            window.close()
     if result.preempted:
         return {"preempted": True, "phase": "main", "step": result.step}
 

@@ -23,7 +23,7 @@ from dlr_jax.files import write_text_atomic
 from dlr_jax.hf_config import model_config_from_hf
 from dlr_jax.sharding import create_sharded, mesh_from_config
 from dlr_jax.tokens import Tokenizer, train_bpe
-from dlr_jax.workdir import stage_dir
+from dlr_jax.workdir import recordable, stage_dir
 
 
 def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
@@ -31,7 +31,7 @@ def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
     w = Path(workdir)
     w.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:  # one writer; every process holds the same cfg
-        save_config(cfg, w / "config.yaml")
+        save_config(recordable(cfg), w / "config.yaml")
     return w
 
 

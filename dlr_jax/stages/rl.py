@@ -441,6 +441,7 @@ def run(
 
     evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
+    window = ProfileWindow(tcfg.profile_steps, trainer.dir / "profile", "rl", stream.steps, total)  # a bad one raises
     writer = MetricsWriter(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
     signals = preemption.handling_signals()
     signals.__enter__()
@@ -458,7 +459,6 @@ def run(
                   f"{m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} ({int(m['eval/rollouts'])} rollouts)",
                   flush=True)
 
-    window = ProfileWindow(tcfg.profile_steps, trainer.dir / "profile", "rl", stream.steps, total)
     try:
         if stream.steps == 0:
             log_eval(0)

@@ -134,6 +134,21 @@ def test_main_writes_the_train_section(tmp_path, monkeypatch, result):
     assert text.count("### tiny:") == 2 and text.endswith("<!-- /bench:train -->\n")
 
 
+def test_the_cli_gates_ratios_on_the_load_before_any_section_ran(tmp_path, monkeypatch, result):
+    """`make bench` runs sampling and compile before train in one process: the 1-minute load they leave must not
+    refuse train's ratios, and a busy machine before the run must."""
+    monkeypatch.setattr(common, "cpu_threads", lambda: 2)
+    monkeypatch.setattr(bench_train, "bench_train", lambda case, *, repeats, log: dataclasses.replace(
+        result, loads=(3.0,)))  # what a reading after our own earlier sections would say
+    out = tmp_path / "BENCHMARKS.md"
+    for start, refused in ((0.4, False), (2.5, True)):
+        monkeypatch.setattr(cli, "load_average", lambda s=start: s)
+        cli.main(["--out", str(out), "--only", "train", "--train-cases", "tiny", "--train-repeats", "1"])
+        text = out.read_text()
+        assert ("(target >= 1.0x:" not in text) == refused
+        assert ("Speed-up not written: the load average was 2.50" in text) == refused
+
+
 def test_train_flags_are_checked_before_anything_runs(tmp_path):
     ns = lambda cases, reps: argparse.Namespace(train_cases=cases, train_repeats=reps)
     assert bench_train.check_arguments(ns("demo,medium", 5)) is None

@@ -88,6 +88,11 @@ def test_train_cli_help_and_bad_override(tmp_path):
         capture_output=True, text=True, cwd=ROOT,
     )
     assert bad.returncode == 2 and "unknown key" in bad.stderr
+    # no --config and nothing recorded (CONFIG - on a mistyped workdir): refused, not the built-in defaults
+    from dlr_jax import train
+
+    assert train.main(["--stage", "align", "--workdir", str(tmp_path / "typo")]) == 2
+    assert not (tmp_path / "typo").exists()
 
 
 def test_direct_from_cot_starts_from_the_cot_sft_model(run_dir, tmp_path, monkeypatch):
