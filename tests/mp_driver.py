@@ -22,13 +22,18 @@ if __name__ == "__main__":
     maybe_initialize_distributed()
     workdir, stages, sets = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]
     as_flags = lambda kvs: [a for kv in kvs for a in ("--set", kv)]  # noqa: E731
+    carried: list[str] = []  # a `stage@n` step count, in force for the stages after it (as the workdir records it)
     for stage in stages:
         if stage == "evaluate":
             evaluate.main(["--workdir", workdir, "--stage", "rl", "--benchmarks", "synthetic", "--no-progress",
                            *as_flags(s for s in sets if s.startswith("eval."))])
         else:
             stage, _, more = stage.partition("@")
-            extra = [f"train.{stage}.num_steps={more}", "run.allow_config_change=true"] if more else []
-            code = train.main(["--stage", stage, "--workdir", workdir, "--mode", "cot", *as_flags([*sets, *extra])])
+            extra = ["run.allow_config_change=true"] if more else []
+            if more:
+                carried = [c for c in carried if not c.startswith(f"train.{stage}.num_steps=")]
+                carried.append(f"train.{stage}.num_steps={more}")
+            flags = as_flags([*sets, *carried, *extra])
+            code = train.main(["--stage", stage, "--workdir", workdir, "--mode", "cot", *flags])
             if code:
                 raise SystemExit(code)
