@@ -61,6 +61,8 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
 
     stage = stage or default_stage(workdir)
     model, tok, cfg = load_stage_model(workdir, stage)
+    decoder = load_decoder(workdir)  # before generating: a missing or other-view codebook stops here
+    check_render_view(cfg, workdir)
     if questions:
         # No gold: any number scores the generation, and the row drops the score below.
         examples = [Example(id=f"{GOLDLESS}/{i}", question=q, cot="", answer="0", source=GOLDLESS)
@@ -80,8 +82,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         max_latents=max_latents or ev.max_latents, batch_size=min(ev.batch_size, len(examples)),
         prompt_bucket=cfg.sampling.prompt_bucket,
     )
-    check_render_view(cfg, workdir)
-    decoded = load_decoder(workdir).decode([s["latent_codes"] for s in res.samples])
+    decoded = decoder.decode([s["latent_codes"] for s in res.samples])
     rcfg, view = render_config(cfg.codebook), cfg.codebook.render_view
     rows = []
     for ex, s, text in zip(examples, res.samples, decoded, strict=True):

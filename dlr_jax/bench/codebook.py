@@ -98,12 +98,9 @@ def load_corpus(spec: str, limit: int = 0, view: str = "cot") -> list[str]:
     """Non-empty CoTs of a `load_benchmark` "name:split" entry, the first `limit` (0 = all), as the
     codebook renders them under `view` (`codebook.render_view`)."""
     from dlr_jax.data.cot_view import cot_view
-    from dlr_jax.data.readers import load_benchmark
+    from dlr_jax.data.sources import load_named_split
 
-    name, sep, split = spec.partition(":")
-    if not sep or not name or not split:
-        raise ValueError(f"--codebook-corpus {spec!r} must look like name:split (e.g. gsm8k_aug:valid)")
-    examples = [ex for ex in load_benchmark(name, split=split) if ex.cot.strip()]
+    examples = [ex for ex in load_named_split(spec, "--codebook-corpus") if ex.cot.strip()]
     examples = examples[:limit] if limit else examples
     return [cot_view(ex.cot, view, example_id=ex.id) for ex in examples]
 

@@ -204,6 +204,13 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 
 
+def start_load(args: Any) -> float:
+    """The load average that gates a section's ratios: the CLI's reading before any section of the run
+    (`args.start_load`: later readings count this run's own earlier sections), else one taken now."""
+    load = getattr(args, "start_load", None)
+    return load_average() if load is None else load
+
+
 def ratio_refusal(loads: list[float], allow_load: bool) -> str | None:
     """Why a ratio must not be written (the highest of `loads` — load averages taken while no benchmark
     work ran, e.g. at the start — was above MAX_LOAD and --allow-load was not given), or None when it may."""

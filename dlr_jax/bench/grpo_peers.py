@@ -355,4 +355,4 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
                            peers_dir=args.peers_dir, frameworks=tuple(args.peers_only.split(",")), log=log,
                            device=args.peers_device)
     return render_section(res, command, info, allow_load=getattr(args, "allow_load", False),
-                          start_load=getattr(args, "start_load", None))
+                          start_load=getattr(args, "start_load", None))  # None: gate on its first round's load

@@ -227,8 +227,7 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
     err = check_arguments(args)
     if err:
         raise ValueError(err)
-    load = getattr(args, "start_load", None)  # the CLI's, before any section ran
-    load = common.load_average() if load is None else load  # before any table's work: one reading for all of them
+    load = common.start_load(args)  # before any table's work: one reading for all of them
     results = [bench_latent_cost(wd, questions=args.cost_questions, batch=b, repeats=args.repeats, log=log, load=load)
                for wd in workdirs(args) for b in batch_sizes(args.cost_batches)]
     return render_section(results, command, info, allow_load=args.allow_load)

@@ -484,7 +484,7 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
         raise ValueError(err)
     cases = train_cases()
     names = [n.strip() for n in args.train_cases.split(",") if n.strip()]
-    results = [bench_train(cases[n], repeats=args.train_repeats, log=log) for n in names]
-    if (start := getattr(args, "start_load", None)) is not None:  # `python -m dlr_jax.bench`: before any section ran
-        results = [dataclasses.replace(r, loads=(start,)) for r in results]
+    load = common.start_load(args)  # before any case ran: the cases run back to back
+    results = [dataclasses.replace(bench_train(cases[n], repeats=args.train_repeats, log=log), loads=(load,))
+               for n in names]
     return render_train(results, command, info, allow_load=getattr(args, "allow_load", False))

@@ -31,10 +31,18 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
         )
     if benchmark != "synthetic":
         raise ValueError(f"{benchmark} is a variant of the synthetic task; this config's dataset is {d.dataset!r}")
-    other, sep, other_split = split.partition(":")
-    if sep:  # "name:split": another benchmark's split, e.g. MATH-500 held out beside the MATH training set
-        return load_benchmark(other, split=other_split)
+    if ":" in split:  # another benchmark's split, e.g. MATH-500 held out beside the MATH training set
+        return load_named_split(split, "data split")
     return load_benchmark(d.dataset, path=d.path, split=split)
+
+
+def load_named_split(spec: str, what: str = "entry") -> list[Example]:
+    """The examples of a "name:split" entry (e.g. gsm8k:train), from the data root; `what` names the setting
+    in the error for a malformed entry."""
+    name, sep, split = spec.partition(":")
+    if not sep or not name or not split:
+        raise ValueError(f"{what} {spec!r} must look like name:split (e.g. gsm8k:train)")
+    return load_benchmark(name, split=split)
 
 
 def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
@@ -43,12 +51,7 @@ def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
     are left out (nothing to read back)."""
     entries = cfg.codebook.eval_corpus if held_out else cfg.codebook.corpus
     if entries:
-        examples = []
-        for e in entries:
-            name, sep, split = e.partition(":")
-            if not sep or not name or not split:
-                raise ValueError(f"codebook corpus entry {e!r} must look like name:split (e.g. gsm8k:train)")
-            examples += load_benchmark(name, split=split)
+        examples = [ex for e in entries for ex in load_named_split(e, "codebook corpus entry")]
     else:
         examples = load_examples(cfg, cfg.data.eval_split if held_out else cfg.data.train_split)
     view = cfg.codebook.render_view
