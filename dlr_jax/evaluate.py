@@ -64,7 +64,7 @@ from dlr_jax.handoff import load_stage_model
 from dlr_jax.latent_grammar import eval_vocab_mask, latent_phase_processor, latent_processor_aux
 from dlr_jax.machine import git_commit
 from dlr_jax.rewards import KNOWN_BENCHMARKS, extract_answer, format_reward, is_correct
-from dlr_jax.sampling import Sampler
+from dlr_jax.sampling import Sampler, unstack_option
 from dlr_jax.sharding import maybe_initialize_distributed, mesh_from_config
 from dlr_jax.tokens import Tokenizer
 from dlr_jax.workdir import stage_dir, workdir_config
@@ -185,7 +185,8 @@ def evaluate_examples(
             t0 = time.perf_counter()  # generate returns host arrays: the clock stops after the device work
             out = sampler.generate(
                 [prompts[i] for i in idx], max_new_tokens=max_new_tokens, temperature=temperature,
-                top_k=top_k, top_p=top_p, stop_ids=stop_ids, rng=jax.random.fold_in(jax.random.key(seed), b),
+                top_k=top_k, top_p=top_p, stop_ids=stop_ids,
+                rng=None if temperature == 0.0 else jax.random.fold_in(jax.random.key(seed), b),  # greedy: unused
                 pad_id=tok.pad_id, logits_processor=processor, processor_aux=aux, vocab_mask=vocab_mask,
             )
             seconds = time.perf_counter() - t0
@@ -300,6 +301,7 @@ def run_benchmarks(
     force_latents: int | None = None,
     constrain_format: bool = True,
     prompt_bucket: int = 64,
+    unstack_layers: bool | None = None,
     mesh: Mesh | None = None,
     rules: Mapping | str = "fsdp",
     loader: Loader | None = None,
@@ -312,7 +314,7 @@ def run_benchmarks(
     `<out_dir>/results[_tag].json` and `samples[_tag].jsonl` when `out_dir` is given; returns the
     results dict. `record`: extra fields for results.json (workdir, stage, config)."""
     loader = loader or default_loader()
-    sampler = Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket)
+    sampler = Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket, unstack_layers=unstack_layers)
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git_commit": git_commit(),
         **dict(record or {}), "mode": mode,
@@ -412,8 +414,9 @@ def evaluate(
 
     results = run_benchmarks(
         model, tok, ev, mode=mode, force_latents=force_latents, constrain_format=constrain_format,
-        prompt_bucket=cfg.sampling.prompt_bucket, mesh=mesh or model_mesh(model), rules=cfg.mesh.rules,
-        loader=loader, out_dir=stage_dir(workdir, stage) / "eval", tag=tag,
+        prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=unstack_option(cfg.sampling.unstack_layers),
+        mesh=mesh or model_mesh(model), rules=cfg.mesh.rules, loader=loader,
+        out_dir=stage_dir(workdir, stage) / "eval", tag=tag,
         record={"workdir": str(workdir), "stage": stage, "config": to_dict(cfg)}, progress=progress,
     )
     return results

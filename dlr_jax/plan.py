@@ -29,12 +29,12 @@ from typing import Any
 
 import jax
 
-from dlr_jax.config import Config, load_config
+from dlr_jax.config import Config, ConfigError, load_config
 from dlr_jax.plan_buffers import largest_values
 from dlr_jax.plan_flops import FlopCount, count_jaxpr
 from dlr_jax.plan_programs import BOUNDARY_TOKENS as BOUNDARY_TOKENS  # noqa: F401 - public: plan.BOUNDARY_TOKENS
 from dlr_jax.plan_programs import STAGES, Program, build_program, latent_lm_abstract
-from dlr_jax.plan_targets import TARGETS, Target, target_mesh
+from dlr_jax.plan_targets import TARGETS, Target, TargetUnavailable, target_mesh
 from dlr_jax.sharding import MESH_AXES, parse_mesh_spec, use_mesh
 
 # The paper's total compute per stage (appendix table "FLOPS", one 8 x H100 node, bf16).
@@ -248,6 +248,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--search", action="store_true", help="try remat / grad_accum / mesh shapes; print the best")
     ap.add_argument("--json", action="store_true", help="JSON output")
     a = ap.parse_args(argv)
+    try:
+        return _run(a)
+    except (ConfigError, TargetUnavailable) as e:  # a bad config, or no compiler for the target: say so, no traceback
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
     cfg = load_config(a.config, a.overrides)
     target = TARGETS[a.device]
     shape = parse_mesh_spec(a.mesh)

@@ -15,6 +15,7 @@ sequence. Tokens forced by a `logits_processor` keep their (possibly very low) m
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,20 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(x)
 
 
+def _all_to_host(*xs: jax.Array) -> list[np.ndarray]:
+    """`_to_host` of several results, the local ones fetched in one `device_get` (their copies overlap: on a
+    GPU each separate fetch waits for its own round trip, which a short generate call pays several times)."""
+    if all(x.is_fully_addressable for x in xs):
+        return list(jax.device_get(xs))
+    return [_to_host(x) for x in xs]
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_key(seed: int) -> jax.Array:
+    """The PRNG key of an int seed, made once: making one is a device op, which a short call pays again."""
+    return jax.random.key(seed)
+
+
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
@@ -122,6 +137,11 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int) -> tupl
         ids[i, length - len(p):] = np.asarray(p, np.int32)
         lens[i] = len(p)
     return ids, lens
+
+
+def unstack_option(mode: str) -> bool | None:
+    """`sampling.unstack_layers` (auto | on | off) as `Sampler(unstack_layers=)` takes it."""
+    return {"auto": None, "on": True, "off": False}[mode]
 
 
 class Sampler:
@@ -223,9 +243,9 @@ class Sampler:
         # Unknown cache layout: replicate (correct, not memory-optimal).
         return jax.tree.map(lambda _: NamedSharding(self.mesh, PartitionSpec()), abstract)
 
-    def _put(self, x: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
-        if sharding is None:
-            return jnp.asarray(x)
+    def _put(self, x: np.ndarray, sharding: NamedSharding | None) -> jax.Array | np.ndarray:
+        if sharding is None:  # the jitted call moves host arrays itself, cheaper than one jnp.asarray each
+            return x
         return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
 
     def _batch_sharding(self, shape: Sequence[int]) -> NamedSharding | None:
@@ -315,7 +335,7 @@ class Sampler:
         stops = np.full((_round_up(max(len(stop_ids), 1), _STOP_SLOTS),), -1, np.int32)
         stops[: len(stop_ids)] = np.asarray(list(stop_ids), np.int32)
         if rng is None or isinstance(rng, int | np.integer):
-            rng = jax.random.key(0 if rng is None else int(rng))
+            rng = _seed_key(0 if rng is None else int(rng))
         greedy = temperature == 0.0
         cfg = DecodeConfig(max_new_tokens, greedy, 0 if greedy else int(top_k),
                          (not greedy) and top_p < 1.0, logits_processor, vocab_mask is not None,
@@ -343,8 +363,8 @@ class Sampler:
                 None if processor_aux is None else jax.tree.map(lambda a: self._put(np.asarray(a), rep),
                                                                 processor_aux),
             )
-        return SampleOutput(tokens=_to_host(tokens), logprobs=_to_host(logps), lengths=_to_host(lengths),
-                            prompt_lengths=lens, finished=_to_host(finished))
+        tokens, logps, lengths, finished = _all_to_host(tokens, logps, lengths, finished)
+        return SampleOutput(tokens=tokens, logprobs=logps, lengths=lengths, prompt_lengths=lens, finished=finished)
 
     def score(
         self, tokens: Any, mask: Any, *, temperature: float = 1.0, vocab_mask: Any = None

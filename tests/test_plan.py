@@ -58,6 +58,26 @@ def test_sft_with_the_dual_branch_costs_more(cfg):
     assert on["flops_per_step"] > off["flops_per_step"] and "with the dual-branch OCR decoder" in on["notes"]
 
 
+def test_rollout_plan_follows_sampling_unstack_layers(cfg):
+    # the unstacked decode loop (auto on CPUs; opt-in on GPUs) holds a copy of the layer weights while it runs:
+    # the planner must compile the loop the run would, and show that memory
+    plans = {m: plan.plan_once(load_config(ROOT / "configs" / "tiny.yaml", [*SMALL, f"sampling.unstack_layers={m}"]),
+                               "rollout", TARGETS["cpu"], MESH) for m in ("on", "off")}
+    assert plans["on"]["flops_per_step"] == pytest.approx(plans["off"]["flops_per_step"], rel=0.01)
+    assert plans["on"]["peak_bytes"] > plans["off"]["peak_bytes"]
+
+
+def test_a_missing_compiler_or_a_bad_config_is_an_error_line_not_a_traceback(capsys):
+    base = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--stage", "rollout", "--device", "cpu"]
+    assert plan.main([*base, "--set", "sampling.unstack_layers=maybe"]) == 2
+    assert "error: sampling.unstack_layers must be auto|on|off" in capsys.readouterr().err
+    try:
+        target_devices(TARGETS["h100"], 8)
+    except TargetUnavailable:
+        assert plan.main([*base[:4], "--device", "h100"]) == 2
+        assert "error: h100: deviceless GPU compile unavailable" in capsys.readouterr().err
+
+
 def test_recipe_totals_sit_beside_the_papers(capsys):
     args = ["--config", str(ROOT / "configs" / "paper" / "gsm8k.yaml"), "--stage", "align", "--device", "cpu",
             "--json", *sum((["--set", s] for s in SMALL[:8]), []), "--set", "data.max_len=64"]

@@ -5,8 +5,10 @@
 One module a benchmark, all sharing `common` (sizes, timing, the machine line, section markers):
 
 - `sampling`: greedy tokens/s of `dlr_jax.sampling.Sampler` against `transformers` `generate`
-  (PyTorch CPU, KV cache) on the *same* weights: a random HF Llama is saved and imported with
-  `load_hf`, so both sides run identical fp32 parameters; the greedy tokens are compared.
+  (PyTorch, KV cache) on the *same* weights: a random HF Llama is saved and imported with
+  `load_hf`, so both sides run identical fp32 parameters; the greedy tokens are compared. Where
+  JAX's default device is a GPU, both sides run on it (section `sampling_gpu`, with the sampler's
+  unstacked-layer loop timed as well); `make bench` pins JAX to the CPU.
 - `compile`: XLA compile time of a deep vs a shallow model forward of the same width, for the
   scanned layer stack (and, as the reference, the same layers unrolled in Python).
 - `train`: SFT train-step tokens/s of `dlr_jax.trainer.Trainer` against PyTorch `transformers` +

@@ -77,18 +77,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args.start_load = load_average()
     for name in args.only:
         info = machine_info()
+        section = grpo_peers.section_name(args) if name == "grpo_peers" else name
         if name == "sampling":
             res = bench_sampling(size, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
                                  repeats=args.repeats, log=log)
             res = dataclasses.replace(res, loads=(args.start_load,))
             body = render_sampling(res, command, info, allow_load=args.allow_load)
+            section = "sampling_gpu" if res.device == "gpu" else "sampling"  # both sections can live side by side
         elif name in sections:
             body = sections[name].run_section(args, command, info, log)
         else:
             body = render_compile(bench_compile(size, layers=(shallow, deep), batch=args.batch,
                                                 seq=args.prompt_len, repeats=args.repeats, log=log),
                                   command, info)
-        section = grpo_peers.section_name(args) if name == "grpo_peers" else name
         write_section(args.out, section, body)
         log(f"{name}: wrote section to {args.out}\n{body}")
 

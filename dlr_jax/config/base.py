@@ -29,3 +29,12 @@ def _freeze(v: Any) -> Any:
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
     return v
+
+
+def auto_on_off(value: str | bool, key: str) -> str:
+    """A three-way switch's value as auto | on | off (YAML's bare on/off arrive as booleans)."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value not in ("auto", "on", "off"):
+        raise ConfigError(f"{key} must be auto|on|off, got {value!r}")
+    return value

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dlr_jax.config.base import ConfigError
+from dlr_jax.config.base import ConfigError, auto_on_off
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +57,7 @@ class LatentConfig:
     dual_branch_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        mode = self.dual_branch
-        if isinstance(mode, bool):
-            object.__setattr__(self, "dual_branch", "on" if mode else "off")
-        elif mode not in ("auto", "on", "off"):
-            raise ConfigError(f"latent.dual_branch must be auto|on|off, got {mode!r}")
+        object.__setattr__(self, "dual_branch", auto_on_off(self.dual_branch, "latent.dual_branch"))
         if self.dual_branch_weight < 0:
             raise ConfigError(f"latent.dual_branch_weight must be >= 0, got {self.dual_branch_weight}")
 

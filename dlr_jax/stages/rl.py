@@ -51,7 +51,7 @@ from dlr_jax.handoff import save_stage_model
 from dlr_jax.metrics_log import MetricsWriter, ProfileWindow
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
-from dlr_jax.sampling import Sampler, left_pad
+from dlr_jax.sampling import Sampler, left_pad, unstack_option
 from dlr_jax.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook_models import load_latent_decoder
@@ -399,10 +399,13 @@ def run(
     # donates — so the state is swapped in again after every update, before any use.)
     graphdef, state = nnx.split(nnx.merge(trainer.graphdef, trainer.params, trainer.rest))
     copy = SamplingCopy(state, smesh, rules, copy_dtype(rl.sample_dtype, model.backbone.cfg))
-    sampler = Sampler((graphdef, copy(state)), mesh=smesh, rules=rules, prompt_bucket=prompt_len)
+    unstack = unstack_option(cfg.sampling.unstack_layers)
+    sampler = Sampler((graphdef, copy(state)), mesh=smesh, rules=rules, prompt_bucket=prompt_len,
+                      unstack_layers=unstack)
     if jax.process_index() == 0:
         print(f"[rl] rollouts: sampling copy in {copy.dtype or 'the parameter dtype'} on mesh "
-              f"{dict(smesh.shape)}", flush=True)
+              f"{dict(smesh.shape)}; decode loop: {'layers unstacked' if sampler.unstack_layers else 'layer scan'} "
+              f"(sampling.unstack_layers={cfg.sampling.unstack_layers})", flush=True)
     # The reference (SFT) weights, scored by the same compiled function with its state swapped in.
     ref_state = None
     if rl.beta != 0:
@@ -426,7 +429,7 @@ def run(
                       "text, which the process reward's evaluator (trained on whole CoTs) sees as the CoT", flush=True)
             evaluator = load_evaluator(cfg, workdir, tok, smesh)
             extras["process_reward"] = ProcessReward(
-                decoder, Sampler(evaluator, mesh=smesh, rules=rules, prompt_bucket=bucket), tok,
+                decoder, Sampler(evaluator, mesh=smesh, rules=rules, prompt_bucket=bucket, unstack_layers=unstack), tok,
                 max_new_tokens=rl.process_max_new_tokens, max_cot_tokens=rl.process_max_cot_tokens,
                 batch_size=min(rl.process_batch_size, p_g),
             )

@@ -211,3 +211,26 @@ def test_main_rejects_bad_flags(tmp_path):
     with pytest.raises(SystemExit):
         cli.main(["--out", str(tmp_path / "x.md"), "--compile-layers", "4"])
     assert not (tmp_path / "x.md").exists()
+
+
+def test_sampling_on_a_gpu_needs_jax_and_torch_both_there():
+    # This CPU host: JAX's default backend is the CPU, so a GPU comparison is refused, not run on the CPU.
+    assert sampling_bench.sampling_device() == "cpu"
+    with pytest.raises(RuntimeError, match="JAX and PyTorch both"):
+        sampling_bench.sampling_device("gpu")
+
+
+def test_gpu_path_times_the_unstacked_sampler_and_writes_its_own_section(monkeypatch, tmp_path):
+    # The GPU code path run on the CPU (PyTorch's "GPU" mapped to the CPU): the extra unstacked sampler is
+    # timed with the others, its tokens compared, and the section carries no host roofline.
+    monkeypatch.setattr(sampling_bench, "sampling_device", lambda device=None: "gpu")
+    monkeypatch.setitem(sampling_bench.TORCH_DEVICE, "gpu", "cpu")
+    res = sampling_bench.bench_sampling(TINY, batch=3, prompt_len=8, new_tokens=5, repeats=2, log=lambda _: None)
+    assert res.device == "gpu" and len(res.unstacked_s) == len(res.unstacked_prefill_s) == 2
+    assert res.unstacked_identical_frac == 1.0 and res.identical_frac == 1.0 and res.unstacked_first_s > 0
+    timed_res = dataclasses.replace(res, ours_s=[1.0], ours_prefill_s=[0.2], hf_s=[4.0], hf_prefill_s=[0.4],
+                                    unstacked_s=[0.9], unstacked_prefill_s=[0.2])
+    text = sampling_bench.render_sampling(timed_res, "python -m dlr_jax.bench", common.machine_info(), allow_load=True)
+    assert text.startswith("## Greedy sampling on a GPU") and "Speed-up: **4.00x**" in text and "meets" in text
+    assert "`unstack_layers=True`" in text and "1.14x the layer scan's" in text  # (0.8 / 4) / (0.7 / 4)
+    assert "decode step floor" not in text and "GFLOP/s" not in text

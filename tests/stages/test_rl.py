@@ -72,10 +72,11 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
+def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir, capsys):
     cfg, w = workdir
     dec = RecordingDecoder()
     first = rl.run(cfg, w, num_steps=1, latent_decoder=dec)
+    assert "decode loop: layers unstacked (sampling.unstack_layers=auto)" in capsys.readouterr().out  # CPU default
     assert first.step == 1 and not first.preempted
     (m1,) = _lines(w / "rl" / "metrics.jsonl")
     for k in (*rl.METRICS, "reward/process"):
@@ -91,8 +92,9 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
 
     # Rerunning continues from the checkpoint — here on FSDP (1,8,1) training with (2,1,4) sampling.
     # a user reward from the registry rides along (weight 0: the update is unchanged, the part is logged)
+    # and the rollouts decode with the layer scan (the GPU default), still on policy
     more = ["rl.process_weight=0", "rl.extra_rewards=[test_completion_share=0.0]",
-            f"rl.reward_modules=[{__name__}]"]
+            f"rl.reward_modules=[{__name__}]", "sampling.unstack_layers=off"]
     if jax.device_count() >= 8:
         more += ["mesh.fsdp=8", "rl.sample_mesh=data=2,fsdp=1,tensor=4"]
     else:
@@ -100,6 +102,7 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir):
     with open(w / "rl" / "metrics.jsonl", "a") as f:  # a row a run logged before dying, past its checkpoint
         f.write(json.dumps({"step": 2, "stale": True}) + "\n")
     second = rl.run(apply_overrides(cfg, more), w, num_steps=2)
+    assert "decode loop: layer scan (sampling.unstack_layers=off)" in capsys.readouterr().out
     (m2,) = second.history
     assert m2["step"] == 2 and "reward/process" not in m2
     assert 0 <= m2["reward/test_completion_share"] <= 1
