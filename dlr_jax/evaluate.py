@@ -106,6 +106,7 @@ def evaluate_examples(
     rules: Mapping | str = "fsdp",
     constrain_format: bool = True,
     prompt_bucket: int = 64,
+    unstack_layers: bool | None = None,
     sampler: Sampler | None = None,
     subsets: Mapping[str, Collection[str]] | None = None,
     latent_prefix: Mapping[str, Sequence[int]] | None = None,
@@ -142,7 +143,8 @@ def evaluate_examples(
         missing = [ex.id for ex in examples if ex.id not in latent_prefix]
         if missing:
             raise ValueError(f"latent_prefix has no codes for {len(missing)} examples, e.g. {missing[:3]}")
-    sampler = sampler or Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket)
+    sampler = sampler or Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket,
+                                 unstack_layers=unstack_layers)
     vocab = sampler._vocab_size()
     processor, aux = None, None
     if mode == "latent" and latent_prefix is None:

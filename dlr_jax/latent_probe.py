@@ -66,7 +66,7 @@ def latent_match(generated: Sequence[Sequence[int]], gold: Sequence[Sequence[int
 def probe_examples(model: Any, tok: Any, examples: Sequence[Any], gold: Mapping[str, Sequence[int]],
                    benchmark: str, *, seed: int = 0, batch_size: int = 64, max_new_tokens: int = 64,
                    max_latents: int = 32, prompt_bucket: int = 64, mesh: Any = None, rules: Any = "fsdp",
-                   progress: bool = False) -> dict[str, Any]:
+                   progress: bool = False, unstack_layers: bool | None = None) -> dict[str, Any]:
     """Runs the three conditions (module docstring) on `examples` with one Sampler; returns
     {"conditions": {name: {pass_at_1, n_latents, format_ok}}, "latent_match", "by_match", "samples"}."""
     from dlr_jax.evaluate import evaluate_examples
@@ -75,7 +75,7 @@ def probe_examples(model: Any, tok: Any, examples: Sequence[Any], gold: Mapping[
     examples = list(examples)
     perm = derangement(len(examples), seed)
     shuffled = {ex.id: gold[examples[j].id] for ex, j in zip(examples, perm, strict=True)}
-    sampler = Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket)
+    sampler = Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket, unstack_layers=unstack_layers)
     kw = dict(mode="latent", batch_size=batch_size, max_new_tokens=max_new_tokens, max_latents=max_latents,
               sampler=sampler, progress=progress)
     runs = {
@@ -139,6 +139,7 @@ def run(workdir: str | Path, stage: str = "sft", *, split: str | None = None, li
     from dlr_jax.evaluate import model_mesh
     from dlr_jax.handoff import load_stage_model
     from dlr_jax.rewards import KNOWN_BENCHMARKS
+    from dlr_jax.sampling import unstack_option
     from dlr_jax.stages.latent_common import latents_for
     from dlr_jax.workdir import stage_dir
 
@@ -155,7 +156,8 @@ def run(workdir: str | Path, stage: str = "sft", *, split: str | None = None, li
     result = probe_examples(model, tok, examples, {ex.id: gold[ex.id] for ex in examples}, benchmark, seed=seed,
                             batch_size=ev.batch_size, max_new_tokens=ev.max_new_tokens,
                             max_latents=ev.max_latents, prompt_bucket=cfg.sampling.prompt_bucket,
-                            mesh=model_mesh(model), rules=cfg.mesh.rules, progress=progress)
+                            mesh=model_mesh(model), rules=cfg.mesh.rules, progress=progress,
+                            unstack_layers=unstack_option(cfg.sampling.unstack_layers))
     result = {"workdir": str(workdir), "stage": stage, "split": split, "latent_source": cfg.latent.source,
               "benchmark": benchmark, **result}
     out = stage_dir(workdir, stage) / "eval" / f"latent_probe_{split.replace(':', '-')}.json"  # math500:test

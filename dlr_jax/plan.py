@@ -196,6 +196,8 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
             for mesh in meshes:
                 try:
                     r = plan_once(c, stage, target, mesh)
+                except TargetUnavailable:  # no compiler for the target: no mesh would do better
+                    raise
                 except Exception as e:  # noqa: BLE001 - a plan that does not compile is a row, not a crash
                     r = {"remat": remat, "grad_accum": accum, "mesh": mesh, "error": f"{type(e).__name__}: {e}"[:300]}
                 tried.append(r)
@@ -249,16 +251,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="JSON output")
     a = ap.parse_args(argv)
     try:
-        return _run(a)
+        shape = parse_mesh_spec(a.mesh)
+    except ValueError as e:
+        ap.error(f"--mesh {a.mesh!r}: expected data=N,fsdp=N,tensor=N ({e})")
+    try:
+        return _run(a, shape)
     except (ConfigError, TargetUnavailable) as e:  # a bad config, or no compiler for the target: say so, no traceback
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
 
 
-def _run(a: argparse.Namespace) -> int:
+def _run(a: argparse.Namespace, shape: dict[str, int]) -> int:
     cfg = load_config(a.config, a.overrides)
     target = TARGETS[a.device]
-    shape = parse_mesh_spec(a.mesh)
     if a.search:
         best, tried = search(cfg, a.stage, target, math.prod(shape[k] for k in MESH_AXES))
         if a.json:

@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt")
     ap.add_argument("--new-tokens", type=int, default=128, help="greedy tokens generated per prompt")
     ap.add_argument("--compile-layers", default="4,32", help="shallow,deep layer counts to compile")
+    ap.add_argument("--no-unstacked", action="store_true",
+                    help="sampling on a GPU: do not also time the unstacked-layer decode loop "
+                         "(sampling.unstack_layers=on; its compile grows with depth: 151 s for 8 layers on an H100)")
     ap.add_argument("--allow-load", action="store_true",
                     help=f"write peer ratios even when the load average before the run exceeded {MAX_LOAD} (per 2 "
                          "usable cores): other work on the machine, which would make them measure contention")
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         section = grpo_peers.section_name(args) if name == "grpo_peers" else name
         if name == "sampling":
             res = bench_sampling(size, batch=args.batch, prompt_len=args.prompt_len, new_tokens=args.new_tokens,
-                                 repeats=args.repeats, log=log)
+                                 repeats=args.repeats, unstacked=not args.no_unstacked, log=log)
             res = dataclasses.replace(res, loads=(args.start_load,))
             body = render_sampling(res, command, info, allow_load=args.allow_load)
             section = "sampling_gpu" if res.device == "gpu" else "sampling"  # both sections can live side by side

@@ -163,7 +163,8 @@ def sampling_device(device: str | None = None) -> str:
     device = device or ("gpu" if jax.default_backend() == "gpu" else "cpu")
     if device == "gpu" and (jax.default_backend() != "gpu" or not torch.cuda.is_available()):
         raise RuntimeError(f"sampling on a GPU needs JAX and PyTorch both on one: JAX's default backend is "
-                           f"{jax.default_backend()!r}, torch.cuda.is_available() is {torch.cuda.is_available()}")
+                           f"{jax.default_backend()!r}, torch.cuda.is_available() is {torch.cuda.is_available()}; "
+                           "for the CPU comparison run with JAX_PLATFORMS=cpu (as make bench does)")
     if device not in ("cpu", "gpu"):
         raise ValueError(f"device must be 'cpu' or 'gpu', got {device!r}")
     return device
@@ -171,9 +172,11 @@ def sampling_device(device: str | None = None) -> str:
 
 def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tokens: int = 128,
                    repeats: int = 3, threads: int | None = None, seed: int = 0, device: str | None = None,
-                   log: Callable[[str], None] = print) -> SamplingResult:
+                   unstacked: bool = True, log: Callable[[str], None] = print) -> SamplingResult:
     """Greedy generation of `batch` x `new_tokens` tokens from `batch` x `prompt_len` prompts.
-    `device`: "cpu", "gpu" or None (JAX's default device; see `sampling_device`)."""
+    `device`: "cpu", "gpu" or None (JAX's default device; see `sampling_device`). `unstacked`: on a GPU,
+    also time `Sampler(unstack_layers=True)` (its compile grows with depth). JAX claims 75 % of a GPU's
+    memory at start unless XLA_PYTHON_CLIENT_PREALLOCATE=false; PyTorch gets the rest."""
     import contextlib
 
     import torch
@@ -217,7 +220,7 @@ def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tok
                            f"{ours_tok.shape}, transformers {hf_tok.shape}")
     sides: dict[str, Callable[[int], np.ndarray]] = {"ours": ours, "transformers": theirs}
     extra: dict[str, Any] = {}
-    if on_gpu:  # the CPU's default layout, measured where it is not the default
+    if on_gpu and unstacked:  # the CPU's default layout, measured where it is not the default
         unstacked = Sampler(model, prompt_bucket=prompt_len, unstack_layers=True)
         sides["unstacked"] = lambda n=new_tokens: ours(n, unstacked)
         first, tok = timed(sides["unstacked"])

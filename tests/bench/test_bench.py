@@ -213,10 +213,12 @@ def test_main_rejects_bad_flags(tmp_path):
     assert not (tmp_path / "x.md").exists()
 
 
-def test_sampling_on_a_gpu_needs_jax_and_torch_both_there():
-    # This CPU host: JAX's default backend is the CPU, so a GPU comparison is refused, not run on the CPU.
+def test_sampling_on_a_gpu_needs_jax_and_torch_both_there(monkeypatch):
+    # JAX on the CPU (as under make bench): a GPU comparison is refused, not run on the CPU, and the message
+    # says how to get the CPU one.
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
     assert sampling_bench.sampling_device() == "cpu"
-    with pytest.raises(RuntimeError, match="JAX and PyTorch both"):
+    with pytest.raises(RuntimeError, match="JAX and PyTorch both.*JAX_PLATFORMS=cpu"):
         sampling_bench.sampling_device("gpu")
 
 
