@@ -38,6 +38,7 @@ def stage_config(work: dict[str, Any]) -> Any:
         "rl.process_weight=0", f"train.rl.batch_size={p * g}", f"train.rl.learning_rate={work['lr']}",
         "train.rl.warmup_ratio=0", "train.rl.min_lr_ratio=1.0", "train.rl.weight_decay=0",
         "train.rl.progress=false", f"run.seed={work['seed']}",
+        f"sampling.unstack_layers={work.get('unstack_layers', 'auto')}",
     ])
 
 
@@ -102,6 +103,7 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
             raise RuntimeError(f"completion lengths {sorted(set(out.lengths.tolist()))}, expected {work['new_tokens']}")
         return protocol.step_record(t4 - t0, generate=t1 - t0, score=t2 - t1, rewards=t3 - t2, update=t4 - t3)
 
+    step.unstacked = sampler.unstack_layers  # type: ignore[attr-defined] - for the worker's notes
     return step
 
 
@@ -119,8 +121,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     work = protocol.load_workload(argv[0])
     with tempfile.TemporaryDirectory() as tmp:
         step = build_step(work, tmp)
+        layout = "layers unstacked" if getattr(step, "unstacked", False) else "layer scan"
         protocol.send(protocol.READY, {"versions": versions(), "notes": [
-            "the reward replaces the stage's latent reward (no boundary tokens in a plain Llama)"]})
+            "the reward replaces the stage's latent reward (no boundary tokens in a plain Llama)",
+            f"rollouts' decode loop: {layout} (sampling.unstack_layers={work.get('unstack_layers', 'auto')})"]})
         i = 0
         while protocol.wait_command() == "step":
             i += 1

@@ -64,9 +64,11 @@ def prompt_text(ids: list[int]) -> str:
 
 def build_workload(out_dir: Path, size: common.Size, *, mu: int, steps: int, prompts: int = 8, group: int = 8,
                    new_tokens: int = 64, prompt_len: int = 16, beta: float = 1e-3, lr: float = 1e-5,
-                   seed: int = 0, hf_dir: Path | None = None, device: str = "cpu") -> dict[str, Any]:
+                   seed: int = 0, hf_dir: Path | None = None, device: str = "cpu",
+                   unstack_layers: str = "auto") -> dict[str, Any]:
     """The workload every worker reads. Writes the random Llama + tokenizer to `out_dir` unless
-    `hf_dir` already holds them (one model for every mu). `device`: "cpu" or "gpu", for all three."""
+    `hf_dir` already holds them (one model for every mu). `device`: "cpu" or "gpu", for all three.
+    `unstack_layers`: our rollouts' decode loop (`sampling.unstack_layers`; the peers have no such choice)."""
     if hf_dir is None:
         from dlr_jax.bench.sampling import build_hf_llama
 
@@ -78,7 +80,7 @@ def build_workload(out_dir: Path, size: common.Size, *, mu: int, steps: int, pro
     return {"hf_dir": str(hf_dir), "prompts": ids, "prompt_texts": [prompt_text(p) for p in ids], "group": group,
             "new_tokens": new_tokens, "temperature": 1.0, "mu": mu, "beta": beta, "epsilon": 0.2, "lr": lr,
             "seed": seed, "steps": steps, "pad_id": 0, "eos_id": 0, "rope_theta": 500000.0,
-            "model": size.describe(), "device": device}
+            "model": size.describe(), "device": device, "unstack_layers": unstack_layers}
 
 
 def worker_env(device: str) -> dict[str, str]:
@@ -321,6 +323,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="grpo_peers: folder holding the trl/ and tunix/ venvs (`make peers`)")
     ap.add_argument("--peers-device", choices=("cpu", "gpu"), default="cpu",
                     help="grpo_peers: where all three run (gpu writes its own section, grpo_peers_gpu)")
+    ap.add_argument("--peers-unstack", choices=("auto", "on", "off"), default="auto",
+                    help="grpo_peers: dlr_jax's rollout decode loop (sampling.unstack_layers; auto = unstacked on a "
+                         "CPU, the layer scan on a GPU)")
     ap.add_argument("--peers-only", default=",".join(FRAMEWORKS),
                     help=f"grpo_peers: comma-separated subset of {','.join(FRAMEWORKS)}")
 
@@ -353,6 +358,6 @@ def run_section(args: argparse.Namespace, command: str, info: dict[str, str],
         raise ValueError(err)
     res = bench_grpo_peers(common.SIZES[args.peers_size], mus=parse_mus(args.peers_mu), steps=args.repeats,
                            peers_dir=args.peers_dir, frameworks=tuple(args.peers_only.split(",")), log=log,
-                           device=args.peers_device)
+                           device=args.peers_device, unstack_layers=args.peers_unstack)
     return render_section(res, command, info, allow_load=getattr(args, "allow_load", False),
                           start_load=getattr(args, "start_load", None))  # None: gate on its first round's load

@@ -416,7 +416,7 @@ def render_sampling_gpu(res: SamplingResult, command: str, info: dict[str, str],
                     f"{step['unstacked']:.2f} ms, {faster:.2f}x the layer scan's; first call "
                     f"{res.unstacked_first_s:.1f} s against {res.ours_first_s:.1f} s (every layer is compiled on "
                     "its own), and a second copy of the weights while a call runs. "
-                    + ("Worth turning on where a run decodes for longer than the extra compile (RL rollouts); the "
-                       "GPU default stays the scan." if faster > 1.1 else
+                    + ("Worth turning on only where decoding outweighs the extra compile and memory; the GPU "
+                       "default stays the scan." if faster > 1.1 else
                        "No reason to turn it on here: the scan (the GPU default) is as fast."))
     return "\n".join(lines + text) + "\n"

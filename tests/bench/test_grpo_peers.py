@@ -158,7 +158,9 @@ def test_workers_run_interleaved_steps(capsys):
             with capsys.disabled():
                 print(f"\n{fw} worker not tested: no venv at {python.parent.parent} (`make peers` creates it)")
     res = grpo_peers.bench_grpo_peers(TINY, mus=(1,), steps=1, frameworks=tuple(frameworks), log=lambda m: None,
-                                      new_tokens=8, prompt_len=4, prompts=2, group=2)
+                                      new_tokens=8, prompt_len=4, prompts=2, group=2, unstack_layers="off")
+    # --peers-unstack reaches our worker's rollouts (off: the layer scan, the GPU default, here on the CPU)
+    assert "rollouts' decode loop: layer scan (sampling.unstack_layers=off)" in res.side("dlr_jax", 1).notes
     for fw in frameworks:
         side = res.side(fw, 1)
         assert side is not None and side.ok, (fw, side and side.error)
