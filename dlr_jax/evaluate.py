@@ -54,17 +54,18 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from dlr_jax.config import Config, EvalConfig, apply_overrides, load_config, to_dict
-from dlr_jax.data.formats import parse_generation, prompt_ids
+from dlr_jax.data.formats import prompt_ids
 from dlr_jax.data.readers import SYNTHETIC_FAMILY
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
+from dlr_jax.eval_scoring import format_ok, score_one
 from dlr_jax.eval_stats import STD_NOTE, format_table, length_sorted_batches, mean_std, summarise
 from dlr_jax.files import atomic_path, write_text_atomic
 from dlr_jax.handoff import load_stage_model
 from dlr_jax.latent_grammar import eval_vocab_mask, latent_phase_processor, latent_processor_aux
 from dlr_jax.machine import git_commit
-from dlr_jax.rewards import KNOWN_BENCHMARKS, extract_answer, format_reward, is_correct
-from dlr_jax.sampling import Sampler, unstack_option
+from dlr_jax.rewards import KNOWN_BENCHMARKS
+from dlr_jax.sampling import Sampler
 from dlr_jax.sharding import maybe_initialize_distributed, mesh_from_config
 from dlr_jax.tokens import Tokenizer
 from dlr_jax.workdir import stage_dir, workdir_config
@@ -198,12 +199,12 @@ def evaluate_examples(
             for r, i in enumerate(idx.tolist()):
                 if i not in rows:  # repeats padding the last batch come after the real row
                     gen = out.tokens[r, : out.lengths[r]]
-                    rows[i] = _score_one(tok, examples[i], benchmark, gen, bool(out.finished[r]), seed, mode)
+                    rows[i] = score_one(tok, examples[i], benchmark, gen, bool(out.finished[r]), seed, mode)
                     if latent_prefix is not None:
                         given = [int(c) for c in latent_prefix[examples[i].id]]
                         span = np.asarray(prompts[i][-len(given) - 2:], gen.dtype)  # the grammar reads the whole output
                         rows[i].update(n_latents=len(given), L=len(given), latent_codes=given, latents_given=True,
-                                       format_ok=_format_ok(tok, np.concatenate([span, gen])))
+                                       format_ok=format_ok(tok, np.concatenate([span, gen])))
                     rows[i]["wall_s"] = seconds / real
             bar.update(1)
         samples += [rows[i] for i in range(len(examples))]
@@ -232,40 +233,6 @@ def evaluate_examples(
             if chosen:
                 metrics["subsets"][name] = summarise(chosen, run_seeds)
     return EvalResult(metrics=metrics, samples=samples)
-
-
-def _score_one(tok: Tokenizer, ex: Example, benchmark: str, gen: np.ndarray, finished: bool, seed: int,
-               mode: str) -> dict[str, Any]:
-    parsed = parse_generation(tok, gen)
-    pred = extract_answer(parsed.text)
-    row = {
-        "id": ex.id, "seed": seed, "question": ex.question, "gold": ex.answer, "prediction": parsed.text,
-        "answer": pred, "correct": bool(is_correct(pred, ex.answer, benchmark)),
-        "n_latents": parsed.n_latents, "L": reasoning_length(tok, gen, mode, parsed.n_latents),
-        "latent_codes": parsed.codes, "gen_tokens": int(gen.shape[0]), "finished": finished,
-    }
-    if mode == "latent":
-        row["format_ok"] = _format_ok(tok, gen)
-    return row
-
-
-def _format_ok(tok: Tokenizer, gen: np.ndarray) -> bool:
-    return bool(format_reward(
-        gen, latent_start_id=tok.latent_start_id, latent_end_id=tok.latent_end_id,
-        answer_start_id=tok.answer_start_id, answer_end_id=tok.answer_end_id,
-        is_latent=(tok.latent_offset, tok.num_latents)))
-
-
-def reasoning_length(tok: Tokenizer, gen: np.ndarray, mode: str, n_latents: int) -> int:
-    """#L of one generation: latents (latent mode), CoT tokens before `<answer>` (cot), 0 (direct)."""
-    if mode == "latent":
-        return int(n_latents)
-    if mode == "direct":
-        return 0
-    gen = np.asarray(gen)
-    hits = np.flatnonzero(gen == tok.answer_start_id)
-    end = int(hits[0]) if hits.size else int(np.sum(~np.isin(gen, [tok.eos_id, tok.pad_id])))
-    return end
 
 
 # ----------------------------------------------------------------------------------------------
@@ -416,7 +383,7 @@ def evaluate(
 
     results = run_benchmarks(
         model, tok, ev, mode=mode, force_latents=force_latents, constrain_format=constrain_format,
-        prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=unstack_option(cfg.sampling.unstack_layers),
+        prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=cfg.sampling.unstack,
         mesh=mesh or model_mesh(model), rules=cfg.mesh.rules, loader=loader,
         out_dir=stage_dir(workdir, stage) / "eval", tag=tag,
         record={"workdir": str(workdir), "stage": stage, "config": to_dict(cfg)}, progress=progress,

@@ -57,7 +57,6 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     from dlr_jax.data.sources import load_examples
     from dlr_jax.evaluate import default_loader, evaluate_examples
     from dlr_jax.handoff import load_stage_model
-    from dlr_jax.sampling import unstack_option
     from dlr_jax.stages.codebook_models import check_render_view, load_decoder
 
     stage = stage or default_stage(workdir)
@@ -81,7 +80,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
     res = evaluate_examples(
         model, tok, examples, scored_as, mode="latent", max_new_tokens=ev.max_new_tokens,
         max_latents=max_latents or ev.max_latents, batch_size=min(ev.batch_size, len(examples)),
-        prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=unstack_option(cfg.sampling.unstack_layers),
+        prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=cfg.sampling.unstack,
     )
     decoded = decoder.decode([s["latent_codes"] for s in res.samples])
     rcfg, view = render_config(cfg.codebook), cfg.codebook.render_view

@@ -139,7 +139,6 @@ def run(workdir: str | Path, stage: str = "sft", *, split: str | None = None, li
     from dlr_jax.evaluate import model_mesh
     from dlr_jax.handoff import load_stage_model
     from dlr_jax.rewards import KNOWN_BENCHMARKS
-    from dlr_jax.sampling import unstack_option
     from dlr_jax.stages.latent_common import latents_for
     from dlr_jax.workdir import stage_dir
 
@@ -157,7 +156,7 @@ def run(workdir: str | Path, stage: str = "sft", *, split: str | None = None, li
                             batch_size=ev.batch_size, max_new_tokens=ev.max_new_tokens,
                             max_latents=ev.max_latents, prompt_bucket=cfg.sampling.prompt_bucket,
                             mesh=model_mesh(model), rules=cfg.mesh.rules, progress=progress,
-                            unstack_layers=unstack_option(cfg.sampling.unstack_layers))
+                            unstack_layers=cfg.sampling.unstack)
     result = {"workdir": str(workdir), "stage": stage, "split": split, "latent_source": cfg.latent.source,
               "benchmark": benchmark, **result}
     out = stage_dir(workdir, stage) / "eval" / f"latent_probe_{split.replace(':', '-')}.json"  # math500:test

@@ -160,7 +160,7 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
 def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     """The sampler's decode loop (`sampling.decode_loop`) over a full KV cache, with the prefill's cache as
     input: one rollout batch of rl.num_prompts x rl.group_size rows."""
-    from dlr_jax.sampling import DecodeConfig, Sampler, decode_loop, unstack_option
+    from dlr_jax.sampling import DecodeConfig, Sampler, decode_loop
     from dlr_jax.sampling_copy import copy_dtype, sample_mesh_for
 
     rules = cfg.mesh.rules
@@ -180,7 +180,7 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
                        cfg.sampling.prompt_bucket)
     cache_len = prompt + rl.max_new_tokens
     sampler = Sampler((graphdef, s_abs), mesh=mesh, rules=rules, prompt_bucket=cfg.sampling.prompt_bucket,
-                      unstack_layers=unstack_option(cfg.sampling.unstack_layers))
+                      unstack_layers=cfg.sampling.unstack)
     _, decode = sampler.compiled_fns(b, cache_len, lat.total_vocab_size)
     cache_abs = sampler.abstract_cache(b, cache_len)
     cache_sh = sampler.cache_shardings(b, cache_len)

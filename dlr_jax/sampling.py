@@ -139,11 +139,6 @@ def left_pad(prompts: Sequence[Sequence[int]], length: int, pad_id: int) -> tupl
     return ids, lens
 
 
-def unstack_option(mode: str) -> bool | None:
-    """`sampling.unstack_layers` (auto | on | off) as `Sampler(unstack_layers=)` takes it."""
-    return {"auto": None, "on": True, "off": False}[mode]
-
-
 class Sampler:
     """Jitted prefill + `lax.while_loop` decode over a KV cache, optionally on a mesh.
 

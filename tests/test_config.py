@@ -36,13 +36,11 @@ def test_invalid_values_are_rejected():
 
 
 def test_sampling_unstack_layers_takes_auto_on_off():
-    from dlr_jax.sampling import unstack_option
-
-    assert Config().sampling.unstack_layers == "auto" and unstack_option("auto") is None
+    assert Config().sampling.unstack_layers == "auto" and Config().sampling.unstack is None
     cases = (("on", "on", True), ("off", "off", False), ("true", "on", True), ("false", "off", False))
     for given, mode, option in cases:
         cfg = apply_overrides(Config(), [f"sampling.unstack_layers={given}"])
-        assert cfg.sampling.unstack_layers == mode and unstack_option(mode) is option
+        assert cfg.sampling.unstack_layers == mode and cfg.sampling.unstack is option
     with pytest.raises(ConfigError, match=r"sampling\.unstack_layers must be auto\|on\|off, got 'fast'"):
         apply_overrides(Config(), ["sampling.unstack_layers=fast"])
 

@@ -311,7 +311,9 @@ def test_cot_reasoning_length_counts_cot_tokens_before_answer(tok):
     lat = ev.evaluate_examples(BigramLM(scripted_table(tok, n_latents=3)), tok, _examples(2), "synthetic",
                                max_new_tokens=20, max_latents=6, prompt_bucket=16)
     assert lat.metrics["L"]["mean"] == lat.metrics["n_latents"]["mean"] == 3.0
-    direct = ev.reasoning_length(tok, np.asarray(path[1:]), "direct", 0)
+    from dlr_jax.eval_scoring import reasoning_length
+
+    direct = reasoning_length(tok, np.asarray(path[1:]), "direct", 0)
     assert direct == 0
 
 

@@ -50,7 +50,7 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
     from flax import nnx
 
     from dlr_jax.convert import load_hf
-    from dlr_jax.sampling import Sampler, unstack_option
+    from dlr_jax.sampling import Sampler
     from dlr_jax.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
     from dlr_jax.sharding import mesh_from_config
     from dlr_jax.stages.rl import GRPOStep
@@ -76,7 +76,7 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
     copy = SamplingCopy(state, smesh, rules, copy_dtype(rl.sample_dtype, model.cfg))
     prompt_len = max(map(len, work["prompts"]))
     sampler = Sampler((graphdef, copy(state)), mesh=smesh, rules=rules, prompt_bucket=prompt_len,
-                      unstack_layers=unstack_option(cfg.sampling.unstack_layers))
+                      unstack_layers=cfg.sampling.unstack)
     ref_state = copy(nnx.state(load_hf(work["hf_dir"], mesh=smesh, rules=rules)[1])) if rl.beta else None
     eos = work["eos_id"]
     # Only pad/stop ids are read outside the latent reward, which this workload replaces.

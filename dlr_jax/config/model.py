@@ -90,3 +90,8 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unstack_layers", auto_on_off(self.unstack_layers, "sampling.unstack_layers"))
+
+    @property
+    def unstack(self) -> bool | None:
+        """`unstack_layers` as `Sampler(unstack_layers=)` takes it (None = auto)."""
+        return {"auto": None, "on": True, "off": False}[self.unstack_layers]

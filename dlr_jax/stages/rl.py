@@ -51,7 +51,7 @@ from dlr_jax.handoff import save_stage_model
 from dlr_jax.metrics_log import MetricsWriter, ProfileWindow
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS, BoundaryIds, RewardInputs, combine_rewards
-from dlr_jax.sampling import Sampler, left_pad, unstack_option
+from dlr_jax.sampling import Sampler, left_pad
 from dlr_jax.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook_models import load_latent_decoder
@@ -399,7 +399,7 @@ def run(
     # donates — so the state is swapped in again after every update, before any use.)
     graphdef, state = nnx.split(nnx.merge(trainer.graphdef, trainer.params, trainer.rest))
     copy = SamplingCopy(state, smesh, rules, copy_dtype(rl.sample_dtype, model.backbone.cfg))
-    unstack = unstack_option(cfg.sampling.unstack_layers)
+    unstack = cfg.sampling.unstack
     sampler = Sampler((graphdef, copy(state)), mesh=smesh, rules=rules, prompt_bucket=prompt_len,
                       unstack_layers=unstack)
     if jax.process_index() == 0:
