@@ -309,7 +309,15 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--codebook-examples must be >= 0, got {args.codebook_examples}"
     if ":" not in args.codebook_corpus:
         return f"--codebook-corpus must look like name:split, got {args.codebook_corpus!r}"
-    return check_phases(_phases(args))
+    if err := check_phases(_phases(args)):
+        return err
+    from dlr_jax.data.paths import shared_data_dir
+
+    try:  # the corpus is a benchmark file under the data root: say so now, not after the other sections ran
+        shared_data_dir()
+    except FileNotFoundError as e:
+        return f"--codebook-corpus {args.codebook_corpus} needs the benchmark data: {e}"
+    return None
 
 
 def run_section(args: argparse.Namespace, command: str, info: dict[str, str],

@@ -101,6 +101,21 @@ def test_bad_arguments_are_rejected(capsys):
         bench_codebook.load_corpus("gsm8k_aug")
 
 
+def test_make_bench_skips_it_without_benchmark_data_but_only_codebook_fails(tmp_path, capsys, monkeypatch):
+    """`make bench` on a machine without ../shared/data: the section is skipped, saying why, and the other
+    sections run; asking for it alone is an error naming the data."""
+    monkeypatch.setenv("DLR_DATA_DIR", str(tmp_path / "no_data"))
+    ran = []
+    monkeypatch.setattr(cli, "BENCHMARKS", ("codebook",))  # nothing else: the test runs no benchmark
+    monkeypatch.setattr(bench_codebook, "run_section", lambda *a, **k: ran.append(1) or "x")
+    cli.main(["--out", str(tmp_path / "B.md")])
+    out = capsys.readouterr().out
+    assert "codebook: skipped (--codebook-corpus gsm8k_aug:valid needs the benchmark data" in out and not ran
+    with pytest.raises(SystemExit):
+        cli.main(["--out", str(tmp_path / "B.md"), "--only", "codebook"])
+    assert "DLR_DATA_DIR" in capsys.readouterr().err and not ran
+
+
 def test_the_corpus_is_what_the_codebook_renders(data_dir):  # reads gsm8k_aug:valid
     from dlr_jax.data.cot_view import step_results
     whole = bench_codebook.load_corpus("gsm8k_aug:valid", 3)
