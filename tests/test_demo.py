@@ -24,3 +24,16 @@ def test_the_demo_table_gives_each_method_its_training_steps():
     # with init_from the latent stages start from the checkpoint, not from CoT-SFT
     own = training_budgets(load_config(TINY, [*DEMO_OVERRIDES, "init_from=weights/x"]))
     assert own["DLR-SFT"] == f"{t.align.num_steps} align + {t.sft.num_steps} SFT"
+
+
+def test_the_demo_shortens_the_codebook_main_phase_but_not_its_warm_up():
+    """The demo's codebook trains 200 main steps instead of tiny.yaml's 800; the 300-step continuous warm-up is
+    what makes its ids carry the CoT (150 steps gave CER true = shuffled, BENCHMARKS.md) and must stay."""
+    tiny, demo = load_config(TINY), load_config(TINY, list(DEMO_OVERRIDES))
+    assert demo.latent.source == "codebook"
+    assert demo.codebook.train.num_steps < tiny.codebook.train.num_steps
+    assert demo.codebook.alpha_steps <= demo.codebook.train.num_steps  # alpha reaches 0 inside the main phase
+    assert demo.codebook.warmup_steps == tiny.codebook.warmup_steps >= 300
+    # the compared methods' own budgets are tiny.yaml's
+    for stage in ("textsft", "textsft_direct", "align", "sft"):
+        assert getattr(demo.train, stage).num_steps == getattr(tiny.train, stage).num_steps

@@ -21,8 +21,6 @@ from dlr_jax.bench.compile import bench_compile, render_compile
 from dlr_jax.bench.sampling import bench_sampling, render_sampling
 
 BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache", "grpo_peers", "latent_cost")
-# sections whose inputs a machine may lack; without --only they are skipped, saying why, instead of failing the run
-SKIPPABLE = ("codebook", "latent_cost")
 
 
 def parse_only(spec: str) -> list[str]:
@@ -38,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"), help="markdown file to update")
     ap.add_argument("--only", type=parse_only, default=None,
                     help=f"comma-separated subset of {','.join(BENCHMARKS)} (default: all; latent_cost only "
-                         "when its trained workdir exists)")
+                         "when its trained workdir exists, codebook only when the benchmark data is found)")
     ap.add_argument("--size", choices=sorted(SIZES), default="medium",
                     help="model size: " + "; ".join(f"{k}: {v.describe()}" for k, v in SIZES.items()))
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats per side (median reported)")
@@ -60,12 +58,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     explicit = args.only is not None
     args.only = args.only or list(BENCHMARKS)
     for name, mod in sections.items():
-        if name in args.only and (err := mod.check_arguments(args)):
-            if explicit or name not in SKIPPABLE:
-                ap.error(err)
+        if name not in args.only:
+            continue
+        if err := mod.check_arguments(args):
+            ap.error(err)
+        if missing := getattr(mod, "missing_inputs", lambda _: None)(args):
+            if explicit:
+                ap.error(missing)
             # `make bench` on a machine that has not run `make demo` (latent_cost) or has no benchmark data
             # (codebook's GSM8K-Aug CoTs): the other sections still run.
-            print(f"{name}: skipped ({err})", flush=True)
+            print(f"{name}: skipped ({missing})", flush=True)
             args.only.remove(name)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")

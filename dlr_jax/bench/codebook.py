@@ -309,15 +309,29 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--codebook-examples must be >= 0, got {args.codebook_examples}"
     if ":" not in args.codebook_corpus:
         return f"--codebook-corpus must look like name:split, got {args.codebook_corpus!r}"
-    if err := check_phases(_phases(args)):
-        return err
-    from dlr_jax.data.paths import shared_data_dir
+    from dlr_jax.data.readers import NAMES
 
-    try:  # the corpus is a benchmark file under the data root: say so now, not after the other sections ran
-        shared_data_dir()
-    except FileNotFoundError as e:
+    name = args.codebook_corpus.partition(":")[0]
+    if name not in NAMES:
+        return f"--codebook-corpus {args.codebook_corpus!r}: unknown benchmark {name!r}; known: {', '.join(NAMES)}"
+    return check_phases(_phases(args))
+
+
+def missing_inputs(args: argparse.Namespace) -> str | None:
+    """What this machine lacks to run the section (the corpus's benchmark file), or None: `make bench` skips
+    the section, saying why, instead of failing after the sections before it ran."""
+    from dlr_jax.data.readers import SYNTHETIC_FAMILY, benchmark_file
+
+    name, _, split = args.codebook_corpus.partition(":")
+    if name in SYNTHETIC_FAMILY:  # generated in code: nothing to read
+        return None
+    try:
+        path = benchmark_file(name, split)
+    except FileNotFoundError as e:  # no data root at all
         return f"--codebook-corpus {args.codebook_corpus} needs the benchmark data: {e}"
-    return None
+    except ValueError as e:  # an unknown split
+        return f"--codebook-corpus {args.codebook_corpus}: {e}"
+    return None if path.is_file() else f"--codebook-corpus {args.codebook_corpus}: {path} not found"
 
 
 def run_section(args: argparse.Namespace, command: str, info: dict[str, str],

@@ -104,6 +104,11 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--cost-batches must be positive integers like 128,1, got {args.cost_batches!r}"
     if args.cost_questions < 1:
         return f"--cost-questions must be >= 1, got {args.cost_questions}"
+    return None
+
+
+def missing_inputs(args: argparse.Namespace) -> str | None:
+    """The trained models this section reads, if a workdir lacks them (`make bench` then skips the section)."""
     for wd in workdirs(args):
         if not (wd / "config.yaml").is_file():
             return (f"--cost-workdir {wd}: not a dlr_jax workdir (no config.yaml); run `make demo` first (it "

@@ -3,6 +3,7 @@ numbers (ratios, render workers needed) and the verdict follow the measurements.
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 
@@ -114,6 +115,18 @@ def test_make_bench_skips_it_without_benchmark_data_but_only_codebook_fails(tmp_
     with pytest.raises(SystemExit):
         cli.main(["--out", str(tmp_path / "B.md"), "--only", "codebook"])
     assert "DLR_DATA_DIR" in capsys.readouterr().err and not ran
+    # a bad argument stays an error without --only; a synthetic corpus needs no data; a data root without
+    # the benchmark's file is named
+    with pytest.raises(SystemExit):
+        cli.main(["--out", str(tmp_path / "B.md"), "--codebook-phases", "render,live"])
+    assert "needs render and at least one of" in capsys.readouterr().err and not ran
+    ns = argparse.Namespace(codebook_corpus="synthetic_hard:train")
+    assert bench_codebook.missing_inputs(ns) is None
+    (tmp_path / "no_data").mkdir()
+    assert "gsm8k_aug" in bench_codebook.missing_inputs(argparse.Namespace(codebook_corpus="gsm8k_aug:valid"))
+    with pytest.raises(SystemExit):
+        cli.main(["--out", str(tmp_path / "B.md"), "--only", "codebook", "--codebook-corpus", "gsm9k:valid"])
+    assert "unknown benchmark 'gsm9k'" in capsys.readouterr().err
 
 
 def test_the_corpus_is_what_the_codebook_renders(data_dir):  # reads gsm8k_aug:valid

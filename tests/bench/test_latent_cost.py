@@ -86,9 +86,10 @@ def dataclass_replace(res, **kw):
 
 def test_arguments_name_what_is_missing(workdir, tmp_path):
     args = argparse.Namespace(cost_questions=8, cost_batches="4,1", cost_workdir=[workdir, tmp_path])
-    assert "not a dlr_jax workdir" in latent_cost.check_arguments(args)
+    assert latent_cost.check_arguments(args) is None  # the arguments are fine; a workdir lacks the models
+    assert "not a dlr_jax workdir" in latent_cost.missing_inputs(args)
     args.cost_workdir = [workdir]
-    assert latent_cost.check_arguments(args) is None
+    assert latent_cost.missing_inputs(args) is None
     args.cost_questions = 0
     assert "--cost-questions" in latent_cost.check_arguments(args)
     args.cost_questions, args.cost_batches = 8, "4,0"
