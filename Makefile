@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(FAKE_DEVICES) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(FAKE_DEVICES) $(BIN)/python -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(FAKE_DEVICES) $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
+	$(FAKE_DEVICES) $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m dlr_jax.demo

@@ -41,12 +41,3 @@ def data_dir():
         return shared_data_dir()
     except FileNotFoundError as e:
         pytest.skip(f"benchmark data not available: {e}")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Files that hold slow (end-to-end) tests run first. `make test` hands whole files to two workers
-    (`--dist loadfile --no-loadscope-reorder`) in this order: started early, the files of minutes overlap
-    each other and the many small files fill in behind them; xdist's own order (most tests first) left one
-    worker alone with the two-process and init_from files at the end."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)  # stable: each file's tests stay together, in order
