@@ -177,8 +177,8 @@ def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
 
 # Real latents by default: the codebook's ids of each rendered CoT (configs/tiny.yaml's own default is
 # random ids, which the unit tests use: no codebook stage to run first). Shorter than tiny.yaml, so the demo
-# fits 15 minutes on the 2-core Intel Xeon of 2026-11-27 (a middle-to-slow host: 13 min 23 s from a fresh clone;
-# the slower host of 2026-11-26 would still take ~20 min). Measured there:
+# fits 15 minutes on the 2-core Intel Xeon of 2026-11-27 (a middle-to-slow host: 13 min 23 s from a fresh clone in
+# its faster hour, ~18 min when it ran 1.36x slower; the slower host of 2026-11-26: ~20 min). Measured there:
 # - the codebook's main phase: 200 steps after the 300-step warm-up, not 800 (the stage 243 s instead of
 #   523 s; held-out CER with the true ids 0.51 against 0.69 shuffled, 0.40 against 0.70 at 800). The warm-up
 #   cannot shrink: at 150 steps, or 200 at twice the learning rate, the ids carry nothing (CER true = shuffled);

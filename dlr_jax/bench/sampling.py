@@ -221,8 +221,8 @@ def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tok
     sides: dict[str, Callable[[int], np.ndarray]] = {"ours": ours, "transformers": theirs}
     extra: dict[str, Any] = {}
     if on_gpu and unstacked:  # the CPU's default layout, measured where it is not the default
-        unstacked = Sampler(model, prompt_bucket=prompt_len, unstack_layers=True)
-        sides["unstacked"] = lambda n=new_tokens: ours(n, unstacked)
+        unstacked_sampler = Sampler(model, prompt_bucket=prompt_len, unstack_layers=True)
+        sides["unstacked"] = lambda n=new_tokens: ours(n, unstacked_sampler)
         first, tok = timed(sides["unstacked"])
         sides["unstacked"](1)
         extra = {"unstacked_first_s": first, "unstacked_identical_frac": token_agreement(tok, ours_tok)[0]}
