@@ -3,7 +3,8 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-FAKE_DEVICES := XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu
+# The caller's XLA_FLAGS come after ours, so theirs win (e.g. an optimisation level: tests/xla_env.py).
+FAKE_DEVICES := XLA_FLAGS="--xla_force_host_platform_device_count=8 $$XLA_FLAGS" JAX_PLATFORMS=cpu
 PYTEST_ARGS ?=
 
 .PHONY: venv test test-fast demo bench peers lint clean

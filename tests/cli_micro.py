@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.xla_env import xla_flags
+
 ROOT = Path(__file__).resolve().parents[1]
 MICRO = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
@@ -33,7 +35,7 @@ def micro_yaml(path: Path, extra: list[str] = ()) -> Path:
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=str(ROOT),
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(1), PYTHONPATH=str(ROOT),
                TOKENIZERS_PARALLELISM="false")
     return env
 

@@ -1,4 +1,5 @@
-"""Test-session setup: CPU only, 8 fake devices (so sharding is exercised), fp32 matmuls."""
+"""Test-session setup: CPU only, 8 fake devices (so sharding is exercised), fp32 matmuls, fast compiles
+(tests/xla_env.py)."""
 
 import os
 
@@ -8,6 +9,10 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    from tests.xla_env import compile_flags  # noqa: E402
+
+    os.environ["XLA_FLAGS"] += " " + compile_flags()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402

@@ -26,6 +26,7 @@ from dlr_jax.data.sources import load_examples
 from dlr_jax.handoff import save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import new_latent_lm
+from tests.xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = [
@@ -59,7 +60,7 @@ def _start(workdir: Path, procs: int, stages: str = STAGES, sets: list[str] = SE
     """`procs` ranks of tests/mp_driver.py, 8 // procs CPU devices each: their exit codes and outputs."""
     port, ranks = _free_port(), []
     for i in range(procs):
-        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // procs}")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(8 // procs))
         env |= {"DLR_COORDINATOR": f"127.0.0.1:{port}", "DLR_NUM_PROCESSES": str(procs), "DLR_PROCESS_ID": str(i)}
         ranks.append(subprocess.Popen([sys.executable, "-m", "tests.mp_driver", str(workdir), stages, *sets], cwd=ROOT,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))

@@ -21,6 +21,7 @@ from dlr_jax.convert import ConversionError, load_hf, load_orbax, save_hf, save_
 from dlr_jax.convert import cli as convert_cli
 from dlr_jax.sharding import make_mesh, max_bytes_on_one_device, sharded_fraction
 from tests.hf_fixtures import FAMILIES, LLAMA3_ROPE, build_tiny_hf, hf_logits, random_ids, save_tiny_hf
+from tests.xla_env import xla_flags
 
 TOL = 1e-4
 REPO = Path(__file__).resolve().parents[2]
@@ -199,7 +200,7 @@ def AutoModelForCausalLM_logits(path: Path, ids: np.ndarray) -> np.ndarray:  # n
 
 def test_cli_end_to_end(hf_dirs, tmp_path):
     src, hf = hf_dirs["qwen2"]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(2))
     run = lambda *a: subprocess.run([sys.executable, "-m", "dlr_jax.convert", *a], cwd=REPO, env=env,
                                     capture_output=True, text=True, timeout=120)
     r = run("--from-hf", str(src), "--out", str(tmp_path / "ck"), "--mesh", "data=1,fsdp=2,tensor=1")
