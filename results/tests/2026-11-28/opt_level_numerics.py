@@ -22,7 +22,8 @@ if __name__ == "__main__":
         subprocess.run([sys.executable, "-c", PROGRAM, out], check=True,
                        env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags))
         runs[name] = np.load(out)
-    for k, label in zip(runs["default"], ("softmax row sums", "exp mean", "silu var", "grad of a matmul loss")):
+    labels = ("softmax row sums", "exp mean", "silu var", "grad of a matmul loss")
+    for k, label in zip(runs["default"], labels, strict=True):
         a, b = runs["default"][k], runs["O0"][k]
         print(f"{label:24s} identical={np.array_equal(a, b)} max |diff| {np.abs(a - b).max():.2e} "
               f"(max |value| {np.abs(a).max():.2e})")
