@@ -9,9 +9,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
-if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
-    from tests.xla_env import compile_flags  # noqa: E402
+from tests.xla_env import compile_flags  # noqa: E402
 
+if compile_flags() not in os.environ["XLA_FLAGS"].split():  # the caller's own level is already there
     os.environ["XLA_FLAGS"] += " " + compile_flags()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
