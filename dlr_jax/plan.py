@@ -95,7 +95,8 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     per_dev_flops = flops.total / n
     out: dict[str, Any] = {
         "stage": stage, "device": target.name, "deviceless": target.deviceless, "devices": n,
-        "mesh": dict(mesh_shape), "remat": cfg.model.remat, "grad_accum": _accum(cfg, stage),
+        "mesh": dict(mesh_shape), "remat": cfg.codebook.remat if stage == "codebook" else cfg.model.remat,
+        "grad_accum": _accum(cfg, stage),
         "tokens_per_step": prog.tokens_per_step, "notes": list(prog.notes),
         "flops_per_step": flops.total, "flops_per_device": per_dev_flops, "matmul_flops": flops.matmul,
         "loops_counted_once": flops.unknown_loops, **mem, **xla,
@@ -184,7 +185,10 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
     tried = []
     for remat in ("none", "dots", "full"):
         for accum in (1, 2, 4, 8):
-            c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
+            if stage == "codebook":  # the codebook's networks take codebook.remat, not the LM's
+                c = dataclasses.replace(cfg, codebook=dataclasses.replace(cfg.codebook, remat=remat))
+            else:
+                c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
             if stage in ("align", "sft", "rl"):
                 t = getattr(c.train, stage)
                 if t.batch_size % (accum * devices) and t.batch_size % accum:

@@ -8,7 +8,8 @@ equations after differentiation), with `scan` bodies times `length` and `while` 
 count the caller supplies (a decode loop's is its number of new tokens; unknown loops count once and
 are reported).
 
-Counted: `dot_general` (2 x output elements x contracted size), `conv_general_dilated` (2 x output
+Counted: `dot_general` (2 x output elements x contracted size), `ragged_dot_general` (the MoE's
+grouped expert matmuls: each row against its own group only), `conv_general_dilated` (2 x output
 elements x kernel window x input features per group), and one FLOP per output element of
 elementwise arithmetic and reductions (small next to the matmuls, but softmax-heavy steps have them).
 XLA may still fuse or drop work (dead recomputation): this is the program's arithmetic, not a
@@ -67,6 +68,19 @@ def dot_flops(lhs_shape: tuple[int, ...], out_shape: tuple[int, ...], dimension_
     return 2.0 * math.prod(out_shape) * contracted
 
 
+def ragged_dot_flops(lhs_shape: tuple[int, ...], out_shape: tuple[int, ...], group_sizes_shape: tuple[int, ...],
+                     numbers: Any) -> float:
+    """A grouped matmul (`jax.lax.ragged_dot`, the MoE's experts): each row meets one group's weights, so
+    it costs what the dense dot of its rows would. Ragged on a non-contracted dim (the forward, the input
+    gradient): 2 x output x contracted, as `dot_flops`. Ragged on the contracted dim (the weight
+    gradient, output [groups, ...]): each group contracts only its own rows, so that count / groups."""
+    dense = dot_flops(lhs_shape, out_shape, numbers.dot_dimension_numbers)
+    (lhs_contract, _), _ = numbers.dot_dimension_numbers
+    if set(numbers.lhs_ragged_dimensions) & set(lhs_contract):
+        return dense / max(math.prod(group_sizes_shape), 1)
+    return dense
+
+
 def conv_flops(lhs_shape: tuple[int, ...], rhs_shape: tuple[int, ...], out_shape: tuple[int, ...],
                dimension_numbers: Any, feature_group_count: int) -> float:
     # rhs spec: (out feature dim, in feature dim, *spatial)
@@ -96,6 +110,9 @@ def count_jaxpr(jaxpr: Any, while_trips: Callable[[Any], int | None] | None = No
         p = eqn.params
         if name == "dot_general":
             total.matmul += dot_flops(eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape, p["dimension_numbers"])
+        elif name == "ragged_dot_general":
+            total.matmul += ragged_dot_flops(eqn.invars[0].aval.shape, eqn.outvars[0].aval.shape,
+                                             eqn.invars[2].aval.shape, p["ragged_dot_dimension_numbers"])
         elif name == "conv_general_dilated":
             total.matmul += conv_flops(eqn.invars[0].aval.shape, eqn.invars[1].aval.shape,
                                        eqn.outvars[0].aval.shape, p["dimension_numbers"], p["feature_group_count"])
@@ -154,4 +171,5 @@ def as_dict(c: FlopCount) -> dict[str, Any]:
             "loops_counted_once": c.unknown_loops}
 
 
-__all__ = ["FlopCount", "as_dict", "conv_flops", "count_fn", "count_jaxpr", "dense_lm_flops", "dot_flops"]
+__all__ = ["FlopCount", "as_dict", "conv_flops", "count_fn", "count_jaxpr", "dense_lm_flops", "dot_flops",
+           "ragged_dot_flops"]

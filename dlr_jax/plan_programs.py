@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dlr_jax.config import Config
+from dlr_jax.config import Config, ConfigError, ModelConfig
 from dlr_jax.sharding import logical_to_spec, state_shardings
 
 STAGES = ("align", "sft", "rl", "rollout", "codebook")
@@ -56,17 +56,34 @@ def _state_abstract(state: nnx.State, mesh: Mesh, rules: str) -> tuple[Any, Any]
     return _abstract(state, full), full
 
 
+def backbone_architecture(cfg: Config) -> ModelConfig:
+    """The backbone a run builds: `init_from`'s config.json (only that file is read) with the YAML's run keys
+    (dtype, remat, ...; `stages.common.RUN_MODEL_KEYS`), as every LM stage does; else the YAML model section."""
+    if not cfg.init_from:
+        return cfg.model
+    from dlr_jax.hf_config import model_config_from_hf
+    from dlr_jax.stages.common import RUN_MODEL_KEYS
+
+    return model_config_from_hf(cfg.init_from, **{k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS})
+
+
+def _backbone_note(cfg: Config) -> str:
+    return f"backbone: the architecture of {cfg.init_from}/config.json (init_from; no weight read)"
+
+
 def latent_lm_abstract(cfg: Config):
-    """(graphdef-carrying abstract LatentLM, its LatentConfig) sized as a run from `cfg.model` would be."""
+    """(graphdef-carrying abstract LatentLM, its LatentConfig) sized as a run would build it: the
+    architecture of `backbone_architecture`, its text rows grown by the tokens a tokenizer may add."""
     from dlr_jax.models.latent_lm import LatentConfig, build_latent_lm
 
+    arch = backbone_architecture(cfg)
     mult = cfg.tokenizer.pad_multiple
-    text_rows = _round_up(cfg.model.vocab_size + BOUNDARY_TOKENS, mult)
+    text_rows = _round_up(arch.vocab_size + BOUNDARY_TOKENS, mult)
     k = cfg.latent.num_latents
     lat = LatentConfig(num_latents=k, latent_dim=cfg.latent.latent_dim, latent_offset=text_rows,
                        total_vocab_size=_round_up(text_rows + k, mult), tie_projectors=cfg.latent.tie_projectors,
                        codebook_trainable=cfg.latent.train_codebook_in_sft)
-    mcfg = dataclasses.replace(cfg.model, vocab_size=text_rows)
+    mcfg = dataclasses.replace(arch, vocab_size=text_rows)
     return nnx.eval_shape(lambda: build_latent_lm(mcfg, lat, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))), lat
 
 
@@ -90,7 +107,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     model, lat = latent_lm_abstract(cfg)
     tcfg = getattr(cfg.train, stage)
     vocab_mask = np.ones(lat.total_vocab_size, bool)
-    notes = []
+    notes = [_backbone_note(cfg)] if cfg.init_from else []
     seq = cfg.data.max_len
     if stage == "rl":
         from dlr_jax.stages.rl_loss import make_grpo_loss
@@ -113,7 +130,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
         loss = functools.partial(lm_loss, vocab_mask=vocab_mask)
         fields = {k: ((seq,), jnp.int32) for k in ("tokens", "loss_mask", "segment_ids", "positions")}
     trainable = filter_for_stage(stage, lat)
-    if stage == "sft" and cfg.latent.dual_branch == "on":
+    if stage == "sft" and plans_dual_branch(cfg):
         model, loss, trainable, extra = _dual_branch(cfg, model, trainable, vocab_mask)
         fields |= extra
         notes.append("with the dual-branch OCR decoder")
@@ -132,6 +149,17 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
                      donate_argnums=(0, 2))
     return Program(stage, jitted, pure, (p_abs, r_abs, o_abs, batch, rng, step), tcfg.batch_size * seq,
                    tcfg.batch_size, notes=tuple(notes))
+
+
+def plans_dual_branch(cfg: Config) -> bool:
+    """Whether sft trains the dual branch, decided as `stages.sft.resolve_dual_branch` decides it once the
+    codebook stage has run: `auto` is on for latents from a from-scratch codebook (its character decoder),
+    off for a DeepSeek-OCR-2 one (codebook.init_from), which `on` cannot take."""
+    mode, ocr2 = cfg.latent.dual_branch, bool(cfg.codebook.init_from)
+    if mode == "on" and ocr2:
+        raise ConfigError("latent.dual_branch=on trains the character OCR decoder, but codebook.init_from fine-tunes "
+                          "DeepSeek-OCR-2 (sft refuses this); set latent.dual_branch=auto or off")
+    return mode == "on" or (mode == "auto" and cfg.latent.source == "codebook" and not ocr2)
 
 
 def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
@@ -197,7 +225,8 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     trips = rl.max_new_tokens - 1
     return Program("rollout", decode, decode_loop, args, b * rl.max_new_tokens, rl.num_prompts,
                    while_trips=lambda eqn: trips, mesh=mesh,
-                   notes=(f"{b} rows, cache of {cache_len} ({prompt} prompt + {rl.max_new_tokens} new); "
+                   notes=(*([_backbone_note(cfg)] if cfg.init_from else []),
+                          f"{b} rows, cache of {cache_len} ({prompt} prompt + {rl.max_new_tokens} new); "
                           f"FLOPs count {trips} decode steps",
                           f"sampling copy: {dtype or 'parameter dtype'} on mesh {dict(mesh.shape)} "
                           f"(rl.sample_mesh={rl.sample_mesh!r}, rl.sample_dtype={rl.sample_dtype!r})"))
@@ -222,25 +251,36 @@ def codebook_program(cfg: Config, mesh: Mesh) -> Program:
     from dlr_jax.trainer import build_step_fn
 
     rules, cb = cfg.mesh.rules, cfg.codebook
-    mcfg = CodebookModelConfig.from_config(cfg)
-    model = nnx.eval_shape(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg"))))
+    side = cb.max_side  # the largest canvas: the memory bound of the stage
+    if cb.init_from:  # the pretrained DeepSeek-OCR-2 the stage fine-tunes (stages/codebook_ocr2.py)
+        from dlr_jax.stages import codebook_ocr2 as o2
+
+        model = o2.abstract_model(cfg)
+        loss = functools.partial(o2.ocr2_codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta,
+                                 router_aux_coef=cb.router_aux_coef)
+        n = model.cfg.ocr2.encoder.vision.num_tokens(side, side)
+        what = (f"DeepSeek-OCR-2 of {cb.init_from} (its config.json; no weight read), VQ at {cb.quantize_at} "
+                f"(d_c = {model.cfg.code_dim}), targets of {cb.max_text_len} tokens")
+    else:
+        mcfg = CodebookModelConfig.from_config(cfg)
+        model = nnx.eval_shape(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg"))))
+        loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
+        n = (side // 64) ** 2
+        what = "from-scratch encoder and character decoder (codebook.init_from unset)"
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     p_abs, p_sh = _state_abstract(params, mesh, rules)
     r_abs, r_sh = _state_abstract(rest, mesh, rules)
     tx, schedule = make_optimizer(cb.train)
     o_sh = opt_state_shardings(tx, p_abs, mesh)
     o_abs = _abstract(jax.eval_shape(tx.init, p_abs), o_sh)
-    side = cb.max_side  # the largest canvas: the memory bound of the stage
     accum = cb.train.grad_accum
     batch = _batch_sds(mesh, rules, accum, cb.train.batch_size // accum,
                        {"images": ((side, side), jnp.uint8), "targets": ((cb.max_text_len,), jnp.int32),
                         "alpha": ((), jnp.float32)})
-    loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
     pure = build_step_fn(graphdef, loss, tx, schedule)
     jitted = jax.jit(pure, in_shardings=(p_sh, r_sh, o_sh, None, None, None), out_shardings=(p_sh, o_sh, None),
                      donate_argnums=(0, 2))
     rng = jax.ShapeDtypeStruct((), _KEY_DTYPE())
-    n = (side // 64) ** 2
     return Program("codebook", jitted, pure, (p_abs, r_abs, o_abs, batch, rng, jax.ShapeDtypeStruct((), jnp.int32)),
                    cb.train.batch_size * (n + cb.max_text_len), cb.train.batch_size,
-                   notes=(f"{side}-px canvases (N = {n}), the stage's largest", "alpha > 0: CE(H) included"))
+                   notes=(what, f"{side}-px canvases (N = {n}), the stage's largest", "alpha > 0: CE(H) included"))

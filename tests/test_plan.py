@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import pytest
 
 from dlr_jax import plan
-from dlr_jax.config import load_config
+from dlr_jax.config import ConfigError, load_config
 from dlr_jax.plan_flops import dense_lm_flops
 from dlr_jax.plan_targets import TARGETS, TargetUnavailable, _tpu_topology_name, target_devices
 
@@ -103,3 +104,79 @@ def test_deviceless_targets_compile_or_say_which_extra_is_missing(name, cfg):
         pytest.skip(f"{name} compiler not installed here ({e}); the plan-gpu / tpu extras provide it")
     r = plan.plan_once(cfg, "sft", target, MESH)
     assert r["deviceless"] and r["fits"] and r["roofline_step_s"] > 0
+
+
+def _config_only(src: Path, dst: Path, names: tuple[str, ...] = ("config.json",)) -> Path:
+    """A checkpoint directory holding only `names` of `src`: what a planner may read (no weights)."""
+    dst.mkdir()
+    for n in names:
+        (dst / n).write_bytes((src / n).read_bytes())
+    return dst
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_vl"])
+def test_plan_takes_the_backbone_from_init_from(family, cfg, tmp_path):
+    # a run with init_from builds the checkpoint's architecture, not the YAML's model section: so must its plan
+    from dlr_jax.hf_config import model_config_from_hf
+    from tests.hf_fixtures import save_tiny_hf
+
+    save_tiny_hf(family, tmp_path / "ckpt")
+    ckpt = _config_only(tmp_path / "ckpt", tmp_path / "config_only")
+    hf = model_config_from_hf(ckpt)
+    r = plan.plan_once(load_config(ROOT / "configs" / "tiny.yaml", [*SMALL, f"init_from={ckpt}"]), "sft",
+                       TARGETS["cpu"], MESH)
+    text_rows = -(-(hf.vocab_size + plan.BOUNDARY_TOKENS) // 128) * 128
+    vocab = -(-(text_rows + 128) // 128) * 128
+    assert r["flops_per_step"] == pytest.approx(dense_lm_flops(hf, 16 * 64, 64, vocab=vocab), rel=0.10)
+    assert any("config.json (init_from" in n for n in r["notes"])
+    yaml_only = plan.plan_once(cfg, "sft", TARGETS["cpu"], MESH)  # hidden 128, 4 layers: not the checkpoint's
+    assert yaml_only["flops_per_step"] > 2 * r["flops_per_step"]
+
+
+def _ocr2_cfg(ckpt: Path, *extra: str):
+    return load_config(ROOT / "configs" / "tiny.yaml", [
+        f"codebook.init_from={ckpt}", "codebook.min_side=128", "codebook.max_side=128", "codebook.max_text_len=40",
+        "latent.num_latents=16", "latent.latent_dim=32", "codebook.train.batch_size=8", "codebook.char_dropout=0",
+        "codebook.warmup_steps=0", *extra])
+
+
+def test_codebook_plan_on_a_deepseek_ocr2_checkpoint(tmp_path):
+    # codebook.init_from: the stage fine-tunes DeepSeek-OCR-2, so the plan compiles that network (from its
+    # config.json and tokenizer.json alone), every one of its parameters trainable, plus the K x d_c codebook
+    from flax import nnx
+
+    from dlr_jax.stages import codebook_ocr2
+    from tests.hf_fixtures import save_tiny_ocr2
+
+    hf = save_tiny_ocr2(tmp_path / "ckpt", seed=0, small=True)
+    ckpt = _config_only(tmp_path / "ckpt", tmp_path / "config_only", ("config.json", "tokenizer.json"))
+    cfg = _ocr2_cfg(ckpt)
+    one = {"data": 1, "fsdp": 1, "tensor": 1}
+    r = plan.plan_once(cfg, "codebook", TARGETS["cpu"], one)
+    assert any("DeepSeek-OCR-2" in n for n in r["notes"]) and r["tokens_per_step"] == 8 * (4 + 40)
+    model = codebook_ocr2.abstract_model(cfg)
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert n_params == sum(p.numel() for p in hf.parameters()) + 16 * 32
+    # fp32 parameters and Adam's two moments are arguments of the step
+    assert r["argument_bytes"] >= 3 * 4 * n_params
+    scratch = plan.plan_once(load_config(ROOT / "configs" / "tiny.yaml", ["codebook.train.batch_size=8"]),
+                             "codebook", TARGETS["cpu"], one)
+    assert any("from-scratch" in n for n in scratch["notes"]) and scratch["flops_per_step"] != r["flops_per_step"]
+
+
+def test_sft_dual_branch_plan_follows_auto_as_the_stage_does(tmp_path):
+    from tests.hf_fixtures import save_tiny_ocr2
+
+    def notes(*extra):
+        c = load_config(ROOT / "configs" / "tiny.yaml", [*SMALL[:-1], *extra])
+        return plan.plan_once(c, "sft", TARGETS["cpu"], MESH)["notes"]
+
+    branch = "with the dual-branch OCR decoder"
+    # auto: on for codebook latents of a from-scratch codebook (its character decoder), off otherwise
+    assert branch in notes("latent.dual_branch=auto", "latent.source=codebook", "data.pack=false")
+    assert branch not in notes("latent.dual_branch=auto", "latent.source=random")
+    save_tiny_ocr2(tmp_path / "ckpt", seed=0, small=True)
+    ocr2 = [f"codebook.init_from={tmp_path / 'ckpt'}", "latent.source=codebook", "data.pack=false"]
+    assert branch not in notes("latent.dual_branch=auto", *ocr2)  # an OCR-2 codebook has no character decoder
+    with pytest.raises(ConfigError, match="dual_branch=on trains the character OCR decoder"):
+        notes("latent.dual_branch=on", *ocr2)

@@ -35,6 +35,19 @@ def test_conv_flops_match_a_hand_count():
     assert count_fn(conv, img, k).matmul == 2 * (2 * 8 * 8 * 8) * (3 * 3 * 3)
 
 
+def test_grouped_expert_matmuls_count_each_row_against_its_own_group_forward_and_backward():
+    # MoE experts (models/moe.py): 12 tokens in 3 groups, d 8 -> 5; each token meets one expert's [8, 5]
+    m, g, k, n = 12, 3, 8, 5
+    x, w = jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((g, k, n), jnp.float32)
+    sizes = jnp.array([5, 4, 3], jnp.int32)
+    experts = lambda a, b: jax.lax.ragged_dot(a, b, sizes)  # noqa: E731
+    assert count_fn(experts, x, w).matmul == 2 * m * k * n
+    # backward: d/dx (ragged on rows, as forward) and d/dw (ragged on the contracted rows, output [g, k, n])
+    # each cost the forward's matmul again, not g times it
+    step = count_fn(jax.grad(lambda a, b: jnp.sum(experts(a, b) ** 2), argnums=(0, 1)), x, w)
+    assert step.matmul == 3 * 2 * m * k * n
+
+
 @pytest.mark.parametrize("remat", ["none", "full"])
 def test_train_step_of_a_dense_lm_matches_6N_plus_attention(remat):
     cfg = ModelConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,

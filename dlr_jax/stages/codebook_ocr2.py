@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ConfigError
+from dlr_jax.models.ocr2 import Ocr2Config
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig, Ocr2CodebookModel
 from dlr_jax.models.vq import VectorQuantizer, code_usage, vq_objective
 from dlr_jax.ocr_text import normalize_text
@@ -46,14 +47,10 @@ def tokenize(tok: Any, text: str) -> list[int]:
     return tok.encode(normalize_text(text), add_special_tokens=False).ids
 
 
-def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
-    """(model, tokenizer): the pretrained OCR2 from codebook.init_from with a fresh VQ."""
-    from dlr_jax.convert.ocr2 import load_ocr2
-
+def codebook_config(cfg: Config, ocfg: Ocr2Config, tok: Any) -> Ocr2CodebookConfig:
+    """The codebook network's config on the checkpoint's `ocfg` and tokenizer; refuses what a pretrained
+    start cannot take (a latent width other than the VQ point's, the from-scratch warm-ups)."""
     cb = cfg.codebook
-    ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype,
-                           compute_dtype=cb.dtype, remat=cb.remat)
-    tok = load_tokenizer(cb.init_from)
     prompt = tuple(tok.encode(cb.ocr2_prompt, add_special_tokens=False).ids) if cb.ocr2_prompt else ()
     mcfg = Ocr2CodebookConfig(ocfg, cfg.latent.num_latents, cb.sigma, cb.max_text_len, cb.quantize_at, prompt)
     if cfg.latent.latent_dim != mcfg.code_dim:
@@ -64,6 +61,35 @@ def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
     if cb.warmup_steps or cb.warmup_whole_steps or cb.char_dropout:
         raise ConfigError("codebook.init_from: the continuous warm-ups and char dropout are for from-scratch "
                           "character decoders; set warmup_steps / warmup_whole_steps / char_dropout to 0")
+    return mcfg
+
+
+def abstract_model(cfg: Config) -> Ocr2CodebookModel:
+    """The stage's network as shapes only (nnx.eval_shape), from codebook.init_from's config.json and
+    tokenizer.json; no weight is read, so a planner needs only those two small files of the checkpoint."""
+    import json
+
+    from dlr_jax.models.ocr2 import ocr2_config_from_hf
+
+    cb = cfg.codebook
+    f = Path(cb.init_from) / "config.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"{f}: the OCR2 checkpoint's config.json is needed (codebook.init_from)")
+    ocfg = ocr2_config_from_hf(json.loads(f.read_text()), dtype=cb.param_dtype, compute_dtype=cb.dtype,
+                               remat=cb.remat)
+    mcfg = codebook_config(cfg, ocfg, load_tokenizer(cb.init_from))
+    return nnx.eval_shape(lambda: Ocr2CodebookModel(mcfg, rngs=nnx.Rngs(0)))
+
+
+def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
+    """(model, tokenizer): the pretrained OCR2 from codebook.init_from with a fresh VQ."""
+    from dlr_jax.convert.ocr2 import load_ocr2
+
+    cb = cfg.codebook
+    ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype,
+                           compute_dtype=cb.dtype, remat=cb.remat)
+    tok = load_tokenizer(cb.init_from)
+    mcfg = codebook_config(cfg, ocfg, tok)
     model = nnx.eval_shape(lambda: Ocr2CodebookModel(mcfg, rngs=nnx.Rngs(0)))
     model.ocr2 = ocr2
     model.vq = create_sharded(lambda: VectorQuantizer(mcfg.num_codes, mcfg.code_dim, sigma=mcfg.sigma,
