@@ -155,7 +155,7 @@ def plans_dual_branch(cfg: Config) -> bool:
     """Whether sft trains the dual branch, decided as `stages.sft.resolve_dual_branch` decides it once the
     codebook stage has run: `auto` is on for latents from a from-scratch codebook (its character decoder),
     off for a DeepSeek-OCR-2 one (codebook.init_from), which `on` cannot take."""
-    mode, ocr2 = cfg.latent.dual_branch, bool(cfg.codebook.init_from)
+    mode, ocr2 = cfg.latent.dual_branch, bool(cfg.codebook.init_from) or cfg.codebook.pretrained
     if mode == "on" and ocr2:
         raise ConfigError("latent.dual_branch=on trains the character OCR decoder, but codebook.init_from fine-tunes "
                           "DeepSeek-OCR-2 (sft refuses this); set latent.dual_branch=auto or off")
@@ -248,8 +248,10 @@ def codebook_program(cfg: Config, mesh: Mesh) -> Program:
     from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
     from dlr_jax.optimizer import make_optimizer, opt_state_shardings
     from dlr_jax.stages.codebook import codebook_loss
+    from dlr_jax.stages.codebook_ocr2 import check_start
     from dlr_jax.trainer import build_step_fn
 
+    check_start(cfg, "planning the codebook stage")
     rules, cb = cfg.mesh.rules, cfg.codebook
     side = cb.max_side  # the largest canvas: the memory bound of the stage
     if cb.init_from:  # the pretrained DeepSeek-OCR-2 the stage fine-tunes (stages/codebook_ocr2.py)

@@ -246,6 +246,10 @@ class CodebookConfig:
     # decoder reads the checkpoint's tokens (max_text_len counts tokens) and latent.latent_dim must
     # equal the VQ width. "" = train from scratch (character decoder).
     init_from: str = ""
+    # true: this config fine-tunes the pretrained checkpoint (configs/codebook-ocr2.yaml: no warm-up, no char
+    # dropout, paper-sized canvases), so the stage and the planner refuse to start without codebook.init_from
+    # instead of training the from-scratch encoder under settings that are not its recipe.
+    pretrained: bool = False
     quantize_at: str = "flow"  # flow: after the causal flow (d_c, the paper) | projector (released code)
     ocr2_prompt: str = "\nFree OCR."  # tokens between the image and the text (DeepSeek-OCR's plain OCR prompt)
     router_aux_coef: float = 0.0  # x the decoder's MoE load-balancing loss (0 = off)

@@ -335,6 +335,9 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     `num_steps` (default codebook.train.num_steps) counts main-phase steps; the continuous warm-up's
     codebook.warmup_steps come on top."""
     cb, seed = cfg.codebook, cfg.run.seed
+    from dlr_jax.stages.codebook_ocr2 import check_start
+
+    check_start(cfg, "the codebook stage")
     texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)  # inputs validate before any write
     common.prepare_workdir(cfg, workdir)
     out = stage_dir(workdir, STAGE)

@@ -47,6 +47,18 @@ def tokenize(tok: Any, text: str) -> list[int]:
     return tok.encode(normalize_text(text), add_special_tokens=False).ids
 
 
+def check_start(cfg: Config, command: str) -> None:
+    """A config that fine-tunes DeepSeek-OCR-2 (`codebook.pretrained`) without the checkpoint (`codebook.init_from`)
+    is refused: its settings are not the from-scratch encoder's recipe."""
+    if cfg.codebook.pretrained and not cfg.codebook.init_from:
+        raise ConfigError(
+            f"codebook.pretrained=true: this config fine-tunes a DeepSeek-OCR-2 checkpoint, so {command} needs it: "
+            "--set codebook.init_from=DIR (an HF deepseek_ocr2 directory: config.json, safetensors, tokenizer.json). "
+            "To train the from-scratch encoder instead, use a config without codebook.pretrained (configs/tiny.yaml, "
+            "configs/paper/gsm8k.yaml)"
+        )
+
+
 def codebook_config(cfg: Config, ocfg: Ocr2Config, tok: Any) -> Ocr2CodebookConfig:
     """The codebook network's config on the checkpoint's `ocfg` and tokenizer; refuses what a pretrained
     start cannot take (a latent width other than the VQ point's, the from-scratch warm-ups)."""

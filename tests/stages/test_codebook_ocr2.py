@@ -122,3 +122,18 @@ def test_latent_dim_must_match_the_vq_width(ckpt, tmp_path):
     cfg = _cfg(ckpt, "latent.latent_dim=16")
     with pytest.raises(ConfigError, match="latent_dim"):
         codebook.run(cfg, tmp_path)
+
+
+def test_the_fine_tuning_recipe_refuses_to_start_without_the_checkpoint(tmp_path):
+    # configs/codebook-ocr2.yaml without codebook.init_from would train the from-scratch encoder at 1024 px with
+    # no warm-up and no char dropout (not its recipe): the stage stops before writing anything, saying what to set
+    from dlr_jax import plan
+    from dlr_jax.plan_targets import TARGETS
+
+    cfg = load_config(ROOT / "configs" / "codebook-ocr2.yaml")
+    assert cfg.codebook.pretrained and not cfg.codebook.init_from
+    with pytest.raises(ConfigError, match="needs it: --set codebook.init_from=DIR"):
+        codebook.run(cfg, tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(ConfigError, match="planning the codebook stage needs it"):
+        plan.plan_once(cfg, "codebook", TARGETS["cpu"], {"data": 1, "fsdp": 1, "tensor": 1})
