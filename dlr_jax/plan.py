@@ -3,9 +3,11 @@
 Plans a stage before renting the machine: lowers and compiles the stage's real jitted step (the
 function the Trainer / sampler runs, with its shardings, dtypes, remat and donation) from abstract
 shapes — no parameter is allocated — for the target's devices, deviceless (`dlr_jax.plan_targets`).
-Stages: `align`, `sft` (+ its dual-branch OCR decoder when `latent.dual_branch` is on), `rl` (the
-GRPO update), `rollout` (prefill + the decode loop over a full KV cache), `codebook` (encoder + VQ +
-OCR decoder).
+Stages: `align`, `sft` (+ its dual-branch OCR decoder when the stage would train it: `latent.dual_branch` on,
+or auto with codebook latents of a from-scratch codebook), `rl` (the GRPO update), `rollout` (prefill + the
+decode loop over a full KV cache), `codebook` (encoder + VQ + OCR decoder; the DeepSeek-OCR-2 network with
+`codebook.init_from`). With `init_from` the backbone is the checkpoint's config.json (and its tokenizer's id
+layout when tokenizer.json is there): only those files are read, never the weights.
 
 Per device it prints XLA's buffer assignment (arguments, outputs, aliased, temporaries; peak =
 arguments + outputs - aliased + temporaries, against the HBM), the step's FLOPs (counted on the jaxpr
@@ -195,6 +197,12 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
                     continue
                 c = dataclasses.replace(c, train=dataclasses.replace(
                     c.train, **{stage: dataclasses.replace(t, grad_accum=accum)}))
+            elif stage == "codebook":
+                t = c.codebook.train
+                if t.batch_size % accum:
+                    continue
+                c = dataclasses.replace(c, codebook=dataclasses.replace(
+                    c.codebook, train=dataclasses.replace(t, grad_accum=accum)))
             elif accum > 1:
                 continue
             for mesh in meshes:

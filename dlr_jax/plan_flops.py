@@ -69,15 +69,16 @@ def dot_flops(lhs_shape: tuple[int, ...], out_shape: tuple[int, ...], dimension_
 
 
 def ragged_dot_flops(lhs_shape: tuple[int, ...], out_shape: tuple[int, ...], group_sizes_shape: tuple[int, ...],
-                     numbers: Any) -> float:
+                     numbers: jax.lax.RaggedDotDimensionNumbers) -> float:
     """A grouped matmul (`jax.lax.ragged_dot`, the MoE's experts): each row meets one group's weights, so
     it costs what the dense dot of its rows would. Ragged on a non-contracted dim (the forward, the input
     gradient): 2 x output x contracted, as `dot_flops`. Ragged on the contracted dim (the weight
-    gradient, output [groups, ...]): each group contracts only its own rows, so that count / groups."""
+    gradient, output [groups, ...]): each group contracts only its own rows, so that count / groups (the last
+    dim of `group_sizes`, which is [batch..., groups] when the dot has batch dims)."""
     dense = dot_flops(lhs_shape, out_shape, numbers.dot_dimension_numbers)
     (lhs_contract, _), _ = numbers.dot_dimension_numbers
     if set(numbers.lhs_ragged_dimensions) & set(lhs_contract):
-        return dense / max(math.prod(group_sizes_shape), 1)
+        return dense / max(group_sizes_shape[-1], 1)
     return dense
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -15,8 +16,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dlr_jax.config import Config, ConfigError, ModelConfig
+from dlr_jax.config import Config, ConfigError
 from dlr_jax.sharding import logical_to_spec, state_shardings
+from dlr_jax.stages.common import backbone_architecture, pretrained_tokenizer
+from dlr_jax.tokens import TOKENIZER_FILE, Tokenizer
 
 STAGES = ("align", "sft", "rl", "rollout", "codebook")
 BOUNDARY_TOKENS = 5  # <pad> and the four boundary tokens a tokenizer may add past the checkpoint's rows
@@ -56,32 +59,39 @@ def _state_abstract(state: nnx.State, mesh: Mesh, rules: str) -> tuple[Any, Any]
     return _abstract(state, full), full
 
 
-def backbone_architecture(cfg: Config) -> ModelConfig:
-    """The backbone a run builds: `init_from`'s config.json (only that file is read) with the YAML's run keys
-    (dtype, remat, ...; `stages.common.RUN_MODEL_KEYS`), as every LM stage does; else the YAML model section."""
+def _planned_tokenizer(cfg: Config) -> Tokenizer | None:
+    """The tokenizer a run from `tokenizer.path` / `init_from` would use, when its tokenizer.json is there."""
+    d = cfg.tokenizer.path or cfg.init_from
+    return pretrained_tokenizer(cfg) if d and (Path(d) / TOKENIZER_FILE).is_file() else None
+
+
+def backbone_notes(cfg: Config) -> tuple[str, ...]:
+    """What a plan read to size the backbone, when not the YAML alone."""
     if not cfg.init_from:
-        return cfg.model
-    from dlr_jax.hf_config import model_config_from_hf
-    from dlr_jax.stages.common import RUN_MODEL_KEYS
-
-    return model_config_from_hf(cfg.init_from, **{k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS})
-
-
-def _backbone_note(cfg: Config) -> str:
-    return f"backbone: the architecture of {cfg.init_from}/config.json (init_from; no weight read)"
+        return ()
+    d = cfg.tokenizer.path or cfg.init_from
+    vocab = (f"vocabulary: the tokenizer of {d}, as the run's" if _planned_tokenizer(cfg) is not None else
+             f"vocabulary: an upper bound (no {TOKENIZER_FILE} in {d}: the checkpoint's rows + {BOUNDARY_TOKENS} "
+             "added tokens, rounded up)")
+    return (f"backbone: the architecture of {cfg.init_from}/config.json (init_from; no weight read)", vocab)
 
 
 def latent_lm_abstract(cfg: Config):
-    """(graphdef-carrying abstract LatentLM, its LatentConfig) sized as a run would build it: the
-    architecture of `backbone_architecture`, its text rows grown by the tokens a tokenizer may add."""
+    """(graphdef-carrying abstract LatentLM, its LatentConfig) sized as a run would build it: the architecture
+    of `stages.common.backbone_architecture` and the pretrained tokenizer's id layout when its files are there;
+    otherwise the text rows bounded by the BOUNDARY_TOKENS a tokenizer may add."""
     from dlr_jax.models.latent_lm import LatentConfig, build_latent_lm
 
     arch = backbone_architecture(cfg)
-    mult = cfg.tokenizer.pad_multiple
-    text_rows = _round_up(arch.vocab_size + BOUNDARY_TOKENS, mult)
-    k = cfg.latent.num_latents
+    mult, k = cfg.tokenizer.pad_multiple, cfg.latent.num_latents
+    tok = _planned_tokenizer(cfg)
+    if tok is not None:  # as stages.common.backbone_config: the rows are max(checkpoint's, tokenizer's text ids)
+        text_rows, total = max(arch.vocab_size, tok.text_vocab_size), tok.total_vocab_size
+    else:
+        text_rows = _round_up(arch.vocab_size + BOUNDARY_TOKENS, mult)
+        total = _round_up(text_rows + k, mult)
     lat = LatentConfig(num_latents=k, latent_dim=cfg.latent.latent_dim, latent_offset=text_rows,
-                       total_vocab_size=_round_up(text_rows + k, mult), tie_projectors=cfg.latent.tie_projectors,
+                       total_vocab_size=total, tie_projectors=cfg.latent.tie_projectors,
                        codebook_trainable=cfg.latent.train_codebook_in_sft)
     mcfg = dataclasses.replace(arch, vocab_size=text_rows)
     return nnx.eval_shape(lambda: build_latent_lm(mcfg, lat, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))), lat
@@ -107,7 +117,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     model, lat = latent_lm_abstract(cfg)
     tcfg = getattr(cfg.train, stage)
     vocab_mask = np.ones(lat.total_vocab_size, bool)
-    notes = [_backbone_note(cfg)] if cfg.init_from else []
+    notes = list(backbone_notes(cfg))
     seq = cfg.data.max_len
     if stage == "rl":
         from dlr_jax.stages.rl_loss import make_grpo_loss
@@ -153,13 +163,22 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
 
 def plans_dual_branch(cfg: Config) -> bool:
     """Whether sft trains the dual branch, decided as `stages.sft.resolve_dual_branch` decides it once the
-    codebook stage has run: `auto` is on for latents from a from-scratch codebook (its character decoder),
-    off for a DeepSeek-OCR-2 one (codebook.init_from), which `on` cannot take."""
-    mode, ocr2 = cfg.latent.dual_branch, bool(cfg.codebook.init_from) or cfg.codebook.pretrained
-    if mode == "on" and ocr2:
+    codebook stage has run (refusing what it refuses): `auto` is on for latents from a from-scratch codebook
+    (its character decoder), off for a DeepSeek-OCR-2 one (codebook.init_from / codebook.pretrained)."""
+    mode, lat = cfg.latent.dual_branch, cfg.latent
+    ocr2 = bool(cfg.codebook.init_from) or cfg.codebook.pretrained
+    if mode == "off" or (mode == "auto" and (lat.source != "codebook" or ocr2)):
+        return False
+    if lat.source != "codebook":
+        raise ConfigError(f"latent.dual_branch=on needs latent.source=codebook (got {lat.source!r}): random ids "
+                          "carry no CoT for the OCR decoder to read back (sft refuses this)")
+    if ocr2:
         raise ConfigError("latent.dual_branch=on trains the character OCR decoder, but codebook.init_from fine-tunes "
                           "DeepSeek-OCR-2 (sft refuses this); set latent.dual_branch=auto or off")
-    return mode == "on" or (mode == "auto" and cfg.latent.source == "codebook" and not ocr2)
+    if cfg.data.pack:
+        raise ConfigError(f"the sft dual branch (latent.dual_branch={mode}) needs one example per row (sft refuses "
+                          "packed rows): set data.pack=false, or latent.dual_branch=off")
+    return True
 
 
 def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
@@ -170,7 +189,7 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
     from dlr_jax.stages.sft import dual_branch_loss
 
     dcfg = CodebookModelConfig.from_config(cfg)
-    d = cfg.model.hidden_size
+    d = lm.backbone.cfg.hidden_size  # the checkpoint's width under init_from, not the YAML's
 
     def build():
         cb = CodebookModel(dcfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))
@@ -225,7 +244,7 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
     trips = rl.max_new_tokens - 1
     return Program("rollout", decode, decode_loop, args, b * rl.max_new_tokens, rl.num_prompts,
                    while_trips=lambda eqn: trips, mesh=mesh,
-                   notes=(*([_backbone_note(cfg)] if cfg.init_from else []),
+                   notes=(*backbone_notes(cfg),
                           f"{b} rows, cache of {cache_len} ({prompt} prompt + {rl.max_new_tokens} new); "
                           f"FLOPs count {trips} decode steps",
                           f"sampling copy: {dtype or 'parameter dtype'} on mesh {dict(mesh.shape)} "

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from dlr_jax import plan
@@ -53,8 +54,9 @@ def test_every_stage_plans_on_the_cpu_fallback(stage, cfg):
 
 
 def test_sft_with_the_dual_branch_costs_more(cfg):
-    on = plan.plan_once(load_config(ROOT / "configs" / "tiny.yaml", [*SMALL, "latent.dual_branch=on"]), "sft",
-                        TARGETS["cpu"], MESH)
+    on = plan.plan_once(load_config(ROOT / "configs" / "tiny.yaml", [*SMALL, "latent.dual_branch=on",
+                                                                     "latent.source=codebook", "data.pack=false"]),
+                        "sft", TARGETS["cpu"], MESH)
     off = plan.plan_once(cfg, "sft", TARGETS["cpu"], MESH)
     assert on["flops_per_step"] > off["flops_per_step"] and "with the dual-branch OCR decoder" in on["notes"]
 
@@ -133,6 +135,44 @@ def test_plan_takes_the_backbone_from_init_from(family, cfg, tmp_path):
     assert yaml_only["flops_per_step"] > 2 * r["flops_per_step"]
 
 
+@pytest.mark.parametrize("family,fill", [("llama", True), ("qwen3", False)])
+def test_planned_latent_lm_is_the_one_a_run_builds_from_init_from(family, fill, tmp_path):
+    # every parameter shape of the plan's latent LM equals the run's (stages/latent_common.new_latent_lm):
+    # the checkpoint's architecture, the tokenizer's rows (Llama-3 fills every row: the added tokens grow the
+    # embedding; Qwen keeps spare rows that hold them), the latent rows after them
+    from flax import nnx
+
+    from dlr_jax.plan_programs import latent_lm_abstract
+    from dlr_jax.sharding import make_mesh
+    from dlr_jax.stages import common
+    from dlr_jax.stages.latent_common import new_latent_lm
+    from tests.hf_fixtures import save_tiny_checkpoint
+
+    save_tiny_checkpoint(family, tmp_path / "ckpt", vocab_size=320, fill_vocab=fill, hidden_size=64)
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*SMALL, f"init_from={tmp_path / 'ckpt'}", "model.remat=full"])
+    tok = common.get_tokenizer(cfg, tmp_path / "w")
+    run = new_latent_lm(cfg, tmp_path / "w", tok, make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    planned, lat = latent_lm_abstract(cfg)
+    shapes = lambda m: {k: v.shape for k, v in nnx.to_flat_state(nnx.state(m, nnx.Param))}  # noqa: E731
+    assert shapes(planned) == shapes(run)
+    assert (lat.latent_offset, lat.total_vocab_size) == (tok.latent_offset, tok.total_vocab_size)
+    assert planned.backbone.cfg.remat == "full" and planned.backbone.cfg.hidden_size == 64  # run keys from the YAML
+    r = plan.plan_once(cfg, "align", TARGETS["cpu"], MESH)
+    assert any("the tokenizer of" in n for n in r["notes"])
+
+
+def test_sft_plan_with_init_from_and_the_dual_branch(tmp_path):
+    # the OCR branch reads the checkpoint's width (64), not the YAML model section's (128)
+    from tests.hf_fixtures import save_tiny_hf
+
+    save_tiny_hf("llama", tmp_path / "ckpt")
+    c = load_config(ROOT / "configs" / "tiny.yaml", [*SMALL[:-1], f"init_from={tmp_path / 'ckpt'}",
+                                                     "latent.dual_branch=auto", "latent.source=codebook",
+                                                     "data.pack=false"])
+    r = plan.plan_once(c, "sft", TARGETS["cpu"], MESH)
+    assert "with the dual-branch OCR decoder" in r["notes"]
+
+
 def _ocr2_cfg(ckpt: Path, *extra: str):
     return load_config(ROOT / "configs" / "tiny.yaml", [
         f"codebook.init_from={ckpt}", "codebook.min_side=128", "codebook.max_side=128", "codebook.max_text_len=40",
@@ -154,6 +194,13 @@ def test_codebook_plan_on_a_deepseek_ocr2_checkpoint(tmp_path):
     one = {"data": 1, "fsdp": 1, "tensor": 1}
     r = plan.plan_once(cfg, "codebook", TARGETS["cpu"], one)
     assert any("DeepSeek-OCR-2" in n for n in r["notes"]) and r["tokens_per_step"] == 8 * (4 + 40)
+    from dlr_jax.plan_programs import build_program
+    from dlr_jax.plan_targets import target_mesh
+
+    prog = build_program(cfg, "codebook", target_mesh(TARGETS["cpu"], one))
+    batch = prog.args[3]  # what the stage feeds: grey uint8 canvases, token targets, alpha
+    assert (batch["images"].shape, batch["images"].dtype) == ((1, 8, 128, 128), jnp.uint8)
+    assert batch["targets"].shape == (1, 8, 40) and batch["alpha"].shape == (1, 8)
     model = codebook_ocr2.abstract_model(cfg)
     n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     assert n_params == sum(p.numel() for p in hf.parameters()) + 16 * 32
@@ -178,5 +225,24 @@ def test_sft_dual_branch_plan_follows_auto_as_the_stage_does(tmp_path):
     save_tiny_ocr2(tmp_path / "ckpt", seed=0, small=True)
     ocr2 = [f"codebook.init_from={tmp_path / 'ckpt'}", "latent.source=codebook", "data.pack=false"]
     assert branch not in notes("latent.dual_branch=auto", *ocr2)  # an OCR-2 codebook has no character decoder
+    assert branch not in notes("latent.dual_branch=auto", *ocr2[:-1], "data.pack=true")  # off: packing is fine
+    # what sft refuses, the plan refuses
     with pytest.raises(ConfigError, match="dual_branch=on trains the character OCR decoder"):
         notes("latent.dual_branch=on", *ocr2)
+    with pytest.raises(ConfigError, match="needs latent.source=codebook"):
+        notes("latent.dual_branch=on", "latent.source=random")
+    with pytest.raises(ConfigError, match="needs one example per row"):
+        notes("latent.dual_branch=auto", "latent.source=codebook", "data.pack=true")
+
+
+def test_search_varies_the_codebook_s_own_remat_and_grad_accum(monkeypatch, cfg):
+    tried = []
+
+    def fake_plan(c, stage, target, mesh):
+        tried.append((c.codebook.remat, c.codebook.train.grad_accum, c.model.remat))
+        return {"fits": True, "roofline_step_s": 1.0}
+
+    monkeypatch.setattr(plan, "plan_once", fake_plan)
+    plan.search(cfg, "codebook", TARGETS["cpu"], 8)
+    assert {t[0] for t in tried} == {"none", "dots", "full"} and {t[1] for t in tried} == {1, 2, 4, 8}
+    assert {t[2] for t in tried} == {cfg.model.remat}  # the LM's remat is not the codebook's

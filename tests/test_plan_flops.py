@@ -46,6 +46,16 @@ def test_grouped_expert_matmuls_count_each_row_against_its_own_group_forward_and
     # each cost the forward's matmul again, not g times it
     step = count_fn(jax.grad(lambda a, b: jnp.sum(experts(a, b) ** 2), argnums=(0, 1)), x, w)
     assert step.matmul == 3 * 2 * m * k * n
+    # with a batch dim (group sizes [B, g]): B times the unbatched count, forward and backward
+    b = 4
+    dn = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((2,), (2,)), ((0,), (0,))),
+                                           lhs_ragged_dimensions=(1,), rhs_group_dimensions=(1,))
+    bsizes = jnp.tile(sizes, (b, 1))
+    batched = lambda a, c: jax.lax.ragged_dot_general(a, c, bsizes, dn)  # noqa: E731
+    bx, bw = jax.ShapeDtypeStruct((b, m, k), jnp.float32), jax.ShapeDtypeStruct((b, g, k, n), jnp.float32)
+    assert count_fn(batched, bx, bw).matmul == b * 2 * m * k * n
+    bstep = count_fn(jax.grad(lambda a, c: jnp.sum(batched(a, c) ** 2), argnums=(0, 1)), bx, bw)
+    assert bstep.matmul == b * 3 * 2 * m * k * n
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])

@@ -64,12 +64,21 @@ def _forward(graphdef: nnx.GraphDef, variant: str) -> Callable[[nnx.State, jax.A
     return fwd
 
 
+def abstract_forward(cfg: ModelConfig, variant: str) -> tuple[Callable[[nnx.State, jax.Array], jax.Array], nnx.State]:
+    """(a fresh forward function, its abstract params) for `variant`: "scan" forces the layer scan (scan_layers
+    auto runs <= 8 layers as a plain loop on CPU, which would make the shallow row unrolled too)."""
+    if variant == "scan":
+        cfg = dataclasses.replace(cfg, scan_layers="scan")
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    return _forward(graphdef, variant), state
+
+
 def time_compile(cfg: ModelConfig, variant: str, batch: int, seq: int) -> tuple[float, float]:
     """(lower_s, compile_s) of a fresh `jax.jit` of the forward, on abstract params (nothing is
     materialised, so deep models cost no memory)."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    fwd, state = abstract_forward(cfg, variant)
     ids = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    lower_s, lowered = timed(lambda: jax.jit(_forward(graphdef, variant)).lower(state, ids))
+    lower_s, lowered = timed(lambda: jax.jit(fwd).lower(state, ids))
     compile_s, _ = timed(lowered.compile)
     return lower_s, compile_s
 

@@ -15,6 +15,7 @@ The k-means warm start, dead-code refresh, checkpoints and export are shared.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ConfigError
-from dlr_jax.models.ocr2 import Ocr2Config
+from dlr_jax.models.ocr2 import Ocr2Config, ocr2_config_from_hf
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig, Ocr2CodebookModel
 from dlr_jax.models.vq import VectorQuantizer, code_usage, vq_objective
 from dlr_jax.ocr_text import normalize_text
@@ -76,19 +77,20 @@ def codebook_config(cfg: Config, ocfg: Ocr2Config, tok: Any) -> Ocr2CodebookConf
     return mcfg
 
 
+def _ocr2_dtypes(cfg: Config) -> dict[str, str]:
+    """How the stage computes the checkpoint's network (the same for the run and its plan)."""
+    cb = cfg.codebook
+    return {"dtype": cb.param_dtype, "compute_dtype": cb.dtype, "remat": cb.remat}
+
+
 def abstract_model(cfg: Config) -> Ocr2CodebookModel:
     """The stage's network as shapes only (nnx.eval_shape), from codebook.init_from's config.json and
     tokenizer.json; no weight is read, so a planner needs only those two small files of the checkpoint."""
-    import json
-
-    from dlr_jax.models.ocr2 import ocr2_config_from_hf
-
     cb = cfg.codebook
     f = Path(cb.init_from) / "config.json"
     if not f.is_file():
         raise FileNotFoundError(f"{f}: the OCR2 checkpoint's config.json is needed (codebook.init_from)")
-    ocfg = ocr2_config_from_hf(json.loads(f.read_text()), dtype=cb.param_dtype, compute_dtype=cb.dtype,
-                               remat=cb.remat)
+    ocfg = ocr2_config_from_hf(json.loads(f.read_text()), **_ocr2_dtypes(cfg))
     mcfg = codebook_config(cfg, ocfg, load_tokenizer(cb.init_from))
     return nnx.eval_shape(lambda: Ocr2CodebookModel(mcfg, rngs=nnx.Rngs(0)))
 
@@ -98,8 +100,7 @@ def build_model(cfg: Config, mesh: Mesh) -> tuple[Ocr2CodebookModel, Any]:
     from dlr_jax.convert.ocr2 import load_ocr2
 
     cb = cfg.codebook
-    ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=cb.param_dtype,
-                           compute_dtype=cb.dtype, remat=cb.remat)
+    ocfg, ocr2 = load_ocr2(cb.init_from, mesh=mesh, rules=cfg.mesh.rules, **_ocr2_dtypes(cfg))
     tok = load_tokenizer(cb.init_from)
     mcfg = codebook_config(cfg, ocfg, tok)
     model = nnx.eval_shape(lambda: Ocr2CodebookModel(mcfg, rngs=nnx.Rngs(0)))

@@ -43,6 +43,22 @@ def make_mesh_for(cfg: Config) -> Mesh:
 # Data and tokenizer.
 
 
+def pretrained_tokenizer(cfg: Config) -> Tokenizer:
+    """The tokenizer of `tokenizer.path` (else `init_from`): a HF tokenizer dir, latent ids after every
+    row of the backbone."""
+    K, mult = cfg.latent.num_latents, cfg.tokenizer.pad_multiple
+    tok_path = cfg.tokenizer.path or cfg.init_from
+    rows = model_config_from_hf(cfg.init_from).vocab_size if cfg.init_from else cfg.model.vocab_size
+    tok = Tokenizer.from_pretrained_dir(tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=rows)
+    if tok.text_vocab_size % mult:
+        # Added tokens (pad, boundaries) go past a checkpoint whose tokenizer fills every row
+        # (Llama-3: 128,256): pad the text rows too, so the grown embedding divides the mesh.
+        tok = Tokenizer.from_pretrained_dir(
+            tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=-(-tok.text_vocab_size // mult) * mult
+        )
+    return tok
+
+
 def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example] | None = None) -> Tokenizer:
     """Loads `<workdir>/tokenizer`, or builds it once: from `tokenizer.path` (a HF tokenizer dir,
     latent ids after every row of the backbone) or a BPE trained on the training corpus."""
@@ -50,16 +66,8 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
     if (tdir / "tokenizer.json").is_file():
         return Tokenizer.load(tdir)
     K, mult = cfg.latent.num_latents, cfg.tokenizer.pad_multiple
-    tok_path = cfg.tokenizer.path or cfg.init_from
-    if tok_path:
-        rows = model_config_from_hf(cfg.init_from).vocab_size if cfg.init_from else cfg.model.vocab_size
-        tok = Tokenizer.from_pretrained_dir(tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=rows)
-        if tok.text_vocab_size % mult:
-            # Added tokens (pad, boundaries) go past a checkpoint whose tokenizer fills every row
-            # (Llama-3: 128,256): pad the text rows too, so the grown embedding divides the mesh.
-            tok = Tokenizer.from_pretrained_dir(
-                tok_path, num_latents=K, pad_multiple=mult, model_vocab_size=-(-tok.text_vocab_size // mult) * mult
-            )
+    if cfg.tokenizer.path or cfg.init_from:
+        tok = pretrained_tokenizer(cfg)
     else:
         if train_examples is None:
             train_examples = load_examples(cfg, cfg.data.train_split)
@@ -132,12 +140,22 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
 RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 
 
+def run_model_keys(cfg: Config) -> dict[str, Any]:
+    """The YAML model section's RUN_MODEL_KEYS, which a run from `init_from` keeps."""
+    return {k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS}
+
+
+def backbone_architecture(cfg: Config) -> ModelConfig:
+    """The backbone's architecture: the HF checkpoint's config.json (only that file is read) + the YAML's
+    RUN_MODEL_KEYS when starting from `init_from`, else the YAML model section (vocabulary as written there)."""
+    return model_config_from_hf(cfg.init_from, **run_model_keys(cfg)) if cfg.init_from else cfg.model
+
+
 def backbone_config(cfg: Config, tok: Tokenizer) -> ModelConfig:
-    """The text backbone's config, its vocabulary sized to the tokenizer's text rows: from the HF
-    checkpoint (architecture) + the YAML model section (RUN_MODEL_KEYS) when starting from one, else
-    the YAML model section."""
+    """The text backbone's config, its vocabulary sized to the tokenizer's text rows (`backbone_architecture`;
+    from a checkpoint, its rows grow when the tokenizer's added tokens need more)."""
     if cfg.init_from:
-        hf = model_config_from_hf(cfg.init_from, **{k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS})
+        hf = backbone_architecture(cfg)
         return dataclasses.replace(hf, vocab_size=max(hf.vocab_size, tok.text_vocab_size))
     return dataclasses.replace(
         cfg.model, vocab_size=tok.text_vocab_size, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id
@@ -167,8 +185,7 @@ def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
         from dlr_jax.convert import load_hf
         from dlr_jax.models.latent_lm import grow_vocab
 
-        run_keys = {k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS}
-        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, **run_keys)
+        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, **run_model_keys(cfg))
         if model.cfg.vocab_size < tok.text_vocab_size:
             grow_vocab(model, tok.text_vocab_size, cfg.mesh.rules)
         return model

@@ -133,12 +133,6 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
             f"latent.dual_branch=on needs latent.source=codebook (got {cfg.latent.source!r}): random ids carry "
             "no CoT for the OCR decoder to read back"
         )
-    if cfg.data.pack:
-        raise ValueError(
-            f"the sft dual branch (latent.dual_branch={mode}, decoder in {cb_dir}) needs one example per row: "
-            "set data.pack=false, or latent.dual_branch=off"
-        )
-    check_render_view(cfg, workdir)
     meta = read_meta(cb_dir)["model"]
     if meta.get("kind") == "ocr2":  # the branch trains the from-scratch character decoder (models/dual_branch.py)
         if mode == "auto":
@@ -150,6 +144,12 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
             "DeepSeek-OCR-2 (codebook.init_from); rerun sft with --set latent.dual_branch=off --set "
             "run.allow_config_change=true (or start the workdir with latent.dual_branch=auto)"
         )
+    if cfg.data.pack:  # after the OCR-2 case: there `auto` turns the branch off, packed rows or not
+        raise ValueError(
+            f"the sft dual branch (latent.dual_branch={mode}, decoder in {cb_dir}) needs one example per row: "
+            "set data.pack=false, or latent.dual_branch=off"
+        )
+    check_render_view(cfg, workdir)
     dcfg = CodebookModelConfig.from_dict(meta)
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout),
                       cfg.codebook.render_view)

@@ -115,6 +115,15 @@ def test_time_compile_uses_a_fresh_function_each_time():
         assert lower_s > 0 and compile_s > 0
 
 
+def test_the_scan_row_scans_even_a_shallow_stack():
+    # scan_layers=auto loops over <= 8 layers on CPU; the "scanned" row must still time a scan at 4 layers
+    ids = jax.ShapeDtypeStruct((2, 8), jnp.int32)
+    for variant, scans in (("scan", True), ("unrolled", False)):
+        fwd, state = compile_bench.abstract_forward(common.model_config(TINY, 2), variant)
+        jaxpr = str(jax.make_jaxpr(fwd)(state, ids))
+        assert ("scan[" in jaxpr) == scans, variant
+
+
 # -- sampling benchmark ------------------------------------------------------------------------
 
 

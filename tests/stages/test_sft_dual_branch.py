@@ -98,6 +98,7 @@ def test_an_ocr2_codebook_turns_auto_off_and_on_names_the_way_out(tmp_path):
     d.mkdir(parents=True)
     (d / "meta.json").write_text(json.dumps({"kind": "codebook", "model": {"kind": "ocr2"}}))
     assert sft.resolve_dual_branch(_cfg(), tmp_path) is None
+    assert sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path) is None  # no branch: packed rows are fine
     with pytest.raises(ValueError, match="--set latent.dual_branch=off --set run.allow_config_change=true"):
         sft.resolve_dual_branch(_cfg("latent.dual_branch=on"), tmp_path)
 
