@@ -53,7 +53,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from dlr_jax.config import Config, EvalConfig, apply_overrides, load_config, to_dict
+from dlr_jax.config import Config, ConfigError, EvalConfig, apply_overrides, load_config, to_dict
 from dlr_jax.data.formats import prompt_ids
 from dlr_jax.data.readers import SYNTHETIC_FAMILY
 from dlr_jax.data.records import Example
@@ -469,4 +469,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    from dlr_jax.data.records import DataFormatError
+
+    try:
+        main()
+    except (ConfigError, DataFormatError, FileNotFoundError) as e:  # a missing stage names the command that makes it
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

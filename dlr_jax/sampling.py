@@ -39,7 +39,7 @@ from dlr_jax.decoding import (
     token_logprobs,
 )
 from dlr_jax.models.transformer import KVCache
-from dlr_jax.sharding import activation_rules, logical_to_spec, use_mesh
+from dlr_jax.sharding import activation_rules, host_value, host_values, logical_to_spec, use_mesh
 
 _STOP_SLOTS = 8  # stop-id arrays are padded to a multiple of this, so their count rarely recompiles
 
@@ -82,7 +82,7 @@ def score(
     graphdef, state = _split(model)
     out = _score_jit(graphdef, state, jnp.asarray(tokens, jnp.int32), jnp.asarray(mask, jnp.int32),
                      None if vocab_mask is None else jnp.asarray(vocab_mask, bool), jnp.float32(temperature))
-    return _to_host(out)
+    return host_value(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,22 +97,6 @@ def _split(model_or_split: Any) -> tuple[nnx.GraphDef, nnx.State]:
     raise TypeError(
         f"expected an nnx.Module or a (graphdef, state) pair, got {type(model_or_split).__name__}"
     )
-
-
-def _to_host(x: jax.Array) -> np.ndarray:
-    if not x.is_fully_addressable:  # multi-host: every process gets the whole result
-        from jax.experimental import multihost_utils
-
-        x = multihost_utils.process_allgather(x, tiled=True)
-    return np.asarray(x)
-
-
-def _all_to_host(*xs: jax.Array) -> list[np.ndarray]:
-    """`_to_host` of several results, the local ones fetched in one `device_get` (their copies overlap: on a
-    GPU each separate fetch waits for its own round trip, which a short generate call pays several times)."""
-    if all(x.is_fully_addressable for x in xs):
-        return list(jax.device_get(xs))
-    return [_to_host(x) for x in xs]
 
 
 @functools.lru_cache(maxsize=64)
@@ -358,7 +342,7 @@ class Sampler:
                 None if processor_aux is None else jax.tree.map(lambda a: self._put(np.asarray(a), rep),
                                                                 processor_aux),
             )
-        tokens, logps, lengths, finished = _all_to_host(tokens, logps, lengths, finished)
+        tokens, logps, lengths, finished = host_values(tokens, logps, lengths, finished)
         return SampleOutput(tokens=tokens, logprobs=logps, lengths=lengths, prompt_lengths=lens, finished=finished)
 
     def score(
@@ -386,7 +370,7 @@ class Sampler:
             vm = None if vocab_mask is None else self._put(np.asarray(vocab_mask, bool), rep)
             out = self._score_fns[key](self.graphdef, self.state, self._put(tokens, bt), self._put(mask, bt),
                                        vm, self._put(np.float32(temperature), rep))
-        return _to_host(out)
+        return host_value(out)
 
     def score_states(
         self, states: Sequence[Any], tokens: Any, mask: Any, *, temperature: float = 1.0, vocab_mask: Any = None
@@ -414,7 +398,7 @@ class Sampler:
             vm = None if vocab_mask is None else self._put(np.asarray(vocab_mask, bool), rep)
             out = self._score_fns[key](self.graphdef, tuple(states), self._put(tokens, bt), self._put(mask, bt),
                                        vm, self._put(np.float32(temperature), rep))
-        return [_to_host(x) for x in out]
+        return host_values(*out)
 
     def _vocab_size(self) -> int:
         if self._vocab is None:

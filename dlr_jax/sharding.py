@@ -174,6 +174,24 @@ def named_sharding(
     return NamedSharding(mesh, logical_to_spec(axes, shape, mesh, rules))
 
 
+def host_values(*xs: Any) -> list[np.ndarray]:
+    """The whole values of `xs` on this host. Arrays that span other processes' devices (multi-process runs)
+    are gathered: a collective, so every process must call this at the same point with the same shapes. The
+    local ones come back in one `device_get` (their copies overlap: on a GPU each separate fetch would wait
+    for its own round trip)."""
+    from jax.experimental import multihost_utils
+
+    if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in xs):
+        return [np.asarray(x) for x in jax.device_get(xs)]
+    return [np.asarray(multihost_utils.process_allgather(x, tiled=True)) if isinstance(x, jax.Array)
+            and not x.is_fully_addressable else np.asarray(x) for x in xs]
+
+
+def host_value(x: Any) -> np.ndarray:
+    """`host_values` of one value."""
+    return host_values(x)[0]
+
+
 def put_global(x: Any, sharding: NamedSharding) -> jax.Array:
     """A host value (the same on every process) as a global array with `sharding`: each process
     places only its addressable shards. Unlike `jax.device_put`, this works when the mesh spans

@@ -85,6 +85,27 @@ def _process_index() -> int:
     return jax.process_index()
 
 
+def _init_from_note(cfg: Config) -> str:
+    """YAML comment lines: with `init_from` the backbone's architecture is the checkpoint's config.json, not
+    the model section printed above (of which only the run keys apply): the values a run will build."""
+    if not cfg.init_from:
+        return ""
+    import dataclasses
+
+    from dlr_jax.stages.common import RUN_MODEL_KEYS, backbone_architecture
+
+    try:
+        arch = backbone_architecture(cfg)
+    except (OSError, ValueError) as e:  # a missing or unreadable config.json: the stage says so when it runs
+        return f"# init_from: {cfg.init_from}/config.json not read ({e})\n"
+    diff = [f"{f.name}: {getattr(arch, f.name)!r}" for f in dataclasses.fields(arch)
+            if f.name not in RUN_MODEL_KEYS and getattr(arch, f.name) != getattr(cfg.model, f.name)]
+    lines = [f"# init_from: the backbone is {cfg.init_from}/config.json's architecture; of the model section above "
+             f"only {', '.join(RUN_MODEL_KEYS)} apply. The checkpoint's values where they differ "
+             "(vocab_size grows if the tokenizer adds tokens):", *(f"#   model.{d}" for d in diff)]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.train",
@@ -128,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.print_config:
-        sys.stdout.write(dump_config(cfg))
+        sys.stdout.write(dump_config(cfg) + _init_from_note(cfg))
         return 0
     from dlr_jax.compile_cache import enable as enable_compile_cache
     from dlr_jax.sharding import all_processes_ok, maybe_initialize_distributed  # jax only now: not --print-config
@@ -139,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
             with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=all_processes_ok):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError) as e:  # one line says it all (file:line, keys)
+        # one line says it all (file:line, keys; a missing input names the command that makes it)
+        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, FileNotFoundError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     code = preemption.exit_code()

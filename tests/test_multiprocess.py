@@ -1,11 +1,14 @@
 """Multi-process runs (2 processes x 4 CPU devices, gloo collectives) give the numbers of one process
 with 8 devices: the same global batches (batch_hash), losses (also after every process restores a
-checkpoint they all saved), RL rewards and evaluation outputs.
+checkpoint they all saved), codebook, exported latent ids, RL rewards and evaluation outputs.
 
-Cost: the full chain textsft -> align -> sft -> rl -> evaluate as two processes takes ~4 min on this
-2-core machine, too slow for the suite; the test starts from a prepared workdir (tokenizer, an
-untrained align/final) and runs sft -> rl -> evaluate, the stages that put rngs, scalars and masks on
-the mesh, the sampler included. The whole chain was checked by hand the same way (issue 19 report)."""
+Cost: the full chain textsft -> codebook -> export -> align -> sft -> rl -> evaluate as two processes takes
+~4 min on this 2-core machine, too slow for the suite; the test starts from a prepared workdir (tokenizer,
+an untrained textsft_cot and align/final) and runs codebook (micro networks, k-means, a dead-code refresh,
+the held-out report) -> export -> sft with the dual branch -> rl -> evaluate: the stages that put rngs,
+scalars and masks on the mesh and fetch sharded results to the host, the sampler included. textsft and
+align (the Trainer alone, as sft) were checked by hand the same way, also from a tiny HF Llama whose
+tokenizer fills every embedding row (`init_from`; 2026-11-28: every stage ran, numbers equal to ~3e-7)."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from dlr_jax.data.sources import load_examples
 from dlr_jax.handoff import save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import new_latent_lm
+from tests.micro import codebook_nets
 from tests.xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +37,7 @@ SETS = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
     "model.num_kv_heads=1", "model.head_dim=16", "data.synthetic_train=60", "data.synthetic_eval=20",
     "data.max_len=96", "tokenizer.vocab_size=300", "tokenizer.pad_multiple=64", "latent.num_latents=32",
-    "latent.latent_dim=16", "latent.source=random", "mesh.fsdp=-1", "sampling.prompt_bucket=16",
+    "latent.latent_dim=16", "latent.source=codebook", "mesh.fsdp=-1", "sampling.prompt_bucket=16",
     "train.sft.batch_size=8", "train.sft.num_steps=2", "train.sft.learning_rate=1e-2", "train.sft.log_every=1",
     "train.sft.progress=false", "rl.num_prompts=2", "rl.group_size=4", "rl.max_new_tokens=16", "rl.max_latents=4",
     "rl.inner_epochs=1", "rl.prompt_pool=0", "rl.eval_prompts=0", "train.rl.batch_size=8", "train.rl.num_steps=1",
@@ -41,8 +45,16 @@ SETS = [
     # a reward that varies inside a group: all-zero advantages would make the update rounding noise
     "rl.extra_rewards=[distinct_share=1.0]", "rl.reward_modules=[tests.mp_rewards]",
     "eval.limit=8", "eval.batch_size=8", "eval.max_new_tokens=16", "eval.max_latents=4",
+    # the codebook stage at micro size: k-means init, 2 steps with a dead-code refresh between them, held-out report
+    *codebook_nets(num_queries=4), "codebook.min_side=128", "codebook.max_side=128", "codebook.image_size=128",
+    "codebook.max_text_len=48", "codebook.eval_examples=8", "codebook.eval_batch_size=16",
+    "codebook.kmeans_init_batches=2", "codebook.warmup_steps=0", "codebook.alpha_steps=0",
+    "codebook.dead_code_every=1", "codebook.train.batch_size=16", "codebook.train.num_steps=2",
+    "codebook.train.progress=false", "codebook.train.log_every=1",
 ]
-STAGES = "sft,sft@3,rl,evaluate"  # sft@3: every process restores sft's step-2 checkpoint and trains step 3
+# sft@3: every process restores sft's step-2 checkpoint and trains step 3; sft trains the dual branch (auto: the
+# codebook stage's decoder is there)
+STAGES = "codebook,export,sft,sft@3,rl,evaluate"
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(jax.device_count() < 8, reason="the 1-process reference needs 8 fake devices (XLA_FLAGS)"),
@@ -108,6 +120,19 @@ def test_two_processes_match_one_process(prepared, tmp_path):
     shutil.copytree(prepared, two)
     _run(one, 1)
     _run(two, 2)
+    cb1, cb2 = _lines(one / "codebook" / "metrics.jsonl"), _lines(two / "codebook" / "metrics.jsonl")
+    assert [m["step"] for m in cb1] == [m["step"] for m in cb2] == [1, 2]
+    for a, b in zip(cb1, cb2, strict=True):
+        assert a["batch_hash"] == b["batch_hash"]
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+    np.testing.assert_allclose(np.load(one / "codebook" / "codebook.npy"), np.load(two / "codebook" / "codebook.npy"),
+                               atol=1e-5)
+    rep1, rep2 = (json.loads((w / "codebook" / "report.json").read_text()) for w in (one, two))
+    assert rep1["dead_code_refreshes"] == rep2["dead_code_refreshes"] and rep1["dead_code_refreshes"][0][0] == 1
+    assert rep1["held_out"]["cer_true"] == rep2["held_out"]["cer_true"]
+    for split in ("train", "test"):  # every example's latent ids, the same from both runs
+        assert (one / "latents" / f"{split}.jsonl").read_text() == (two / "latents" / f"{split}.jsonl").read_text()
+    assert (one / "sft" / "decoder").is_dir() and (two / "sft" / "decoder").is_dir()  # the dual branch trained
     sft1, sft2 = _lines(one / "sft" / "metrics.jsonl"), _lines(two / "sft" / "metrics.jsonl")
     # steps 1-2, then a second run that restored the 2-process checkpoint (saved by every process) for step 3
     assert [m["step"] for m in sft1] == [m["step"] for m in sft2] == [1, 2, 3]

@@ -120,3 +120,20 @@ def test_the_ocr2_pipeline_is_the_backbone_run_with_the_ocr2_codebook():
         assert getattr(both, section) == getattr(backbone, section), section
     assert both.codebook == codebook.codebook and both.codebook.min_side == both.codebook.max_side == 1024
     assert both.latent.dual_branch == "auto" and dataclasses.replace(both.latent, dual_branch="on") == backbone.latent
+
+
+def test_print_config_with_init_from_names_the_checkpoint_s_architecture(tmp_path):
+    # the model section printed is the YAML's; a run from init_from builds config.json's architecture, so the
+    # printout says which values those are (as YAML comments: the output still loads)
+    from tests.hf_fixtures import save_tiny_hf
+
+    save_tiny_hf("qwen3", tmp_path / "ckpt")
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert train.main(["--print-config", "--config", str(CONFIGS / "qwen3-4b.yaml"),
+                           "--set", f"init_from={tmp_path / 'ckpt'}"]) == 0
+    text = buf.getvalue()
+    assert yaml.safe_load(text)["model"]["hidden_size"] == 2560  # the YAML's, as given
+    notes = [line for line in text.splitlines() if line.startswith("#")]
+    assert "config.json's architecture" in notes[0] and "#   model.hidden_size: 64" in notes
+    assert not any("model.remat" in n or "model.dtype" in n for n in notes)  # run keys stay the YAML's

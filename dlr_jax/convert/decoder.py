@@ -46,6 +46,7 @@ from dlr_jax.convert.tensors import (
 )
 from dlr_jax.hf_config import FAMILIES, ConversionError, Family, model_config_from_hf, supported_model_types
 from dlr_jax.models.transformer import Transformer
+from dlr_jax.sharding import host_value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,14 +253,6 @@ def hf_config_dict(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
     return out
 
 
-def _host(x: jax.Array) -> np.ndarray:
-    if not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
-
-
 def save_hf(
     model: Transformer,
     config: ModelConfig,
@@ -281,7 +274,7 @@ def save_hf(
     for rule in DECODER_RULES:
         if rule.ours not in params:
             continue
-        x = _host(params[rule.ours].get_value()).astype(np.dtype(dtype))
+        x = host_value(params[rule.ours].get_value()).astype(np.dtype(dtype))
         check_finite(x, rule.ours, "the model to export")  # a NaN written out would load silently
         if rule.per_layer:
             tensors.update({hf_name(rule, fam, i): to_hf(rule.layout, x[i]) for i in range(x.shape[0])})

@@ -291,7 +291,8 @@ def make_stage_dataset(
             padding_struct={"tokens": tok.pad_id, "loss_mask": 0},
         )
         it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
-        return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count, packed=True)
+        return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count, packed=True,
+                         examples=len(items))
     ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
     batches = ds.batch(batch_size, drop_remainder=drop_remainder)
 
@@ -300,7 +301,7 @@ def make_stage_dataset(
         tail = batches[start:] if start else batches
         return _prefetch(tail.to_iter_dataset(_read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
 
-    return StageData(from_batch, batch_size * shard_count, shard_count, packed=False)
+    return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items))
 
 
 def _prefetch(it: grain.IterDataset, num_workers: int) -> grain.IterDataset:
@@ -341,8 +342,10 @@ class ProcessSlice(grain.MapDataset):
 class StageData:
     """What `make_stage_dataset` returns: iterable (a fresh iterator from the start each time)."""
 
-    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool):
+    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int = 0):
+        """examples: how many examples fit max_len (what an epoch holds)."""
         self._make, self.global_batch, self.shard_count, self.packed = make, global_batch, shard_count, packed
+        self.examples = examples
 
     def __iter__(self) -> StageIterator:
         return StageIterator(self)

@@ -35,6 +35,7 @@ from dlr_jax.models.vision import VisionConfig, normalize_images
 from dlr_jax.models.vq import VectorQuantizer, nearest_codes
 from dlr_jax.ocr_text import VOCAB
 from dlr_jax.render import PATCH
+from dlr_jax.sharding import host_value
 
 # ----------------------------------------------------------------------------------------------
 # Configuration.
@@ -202,7 +203,7 @@ jit_encode = jax.jit(_encode, static_argnums=0)
 def encode_images(model: CodebookModel, images: np.ndarray) -> np.ndarray:
     """Noise-free H [b, N, d_c] of uint8 images, jitted (one compile per image size)."""
     graphdef, state = nnx.split(model)
-    return np.asarray(jit_encode(graphdef, state, jnp.asarray(images))[0])
+    return host_value(jit_encode(graphdef, state, jnp.asarray(images))[0])  # multi-process: gathered
 
 
 def teacher_inputs(targets: Int[Array, "b t"]) -> tuple[Int[Array, "b t"], Bool[Array, "b t"]]:
@@ -291,4 +292,4 @@ def greedy_decode(
     b, p = feats.shape[:2]
     n_valid = jnp.full((b,), p, jnp.int32) if n_valid is None else jnp.asarray(n_valid, jnp.int32)
     limits = jnp.minimum(jnp.asarray(limits, jnp.int32), max_len)
-    return np.asarray(_greedy_jit(graphdef, int(max_len), state, jnp.asarray(feats), n_valid, limits))
+    return host_value(_greedy_jit(graphdef, int(max_len), state, jnp.asarray(feats), n_valid, limits))

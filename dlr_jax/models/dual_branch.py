@@ -38,7 +38,7 @@ from jaxtyping import Array, Bool, Float, Int
 from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
 from dlr_jax.models.latent_lm import LatentLM
 from dlr_jax.models.transformer import Transformer, causal_mask, segment_positions
-from dlr_jax.sharding import named_sharding, put_global
+from dlr_jax.sharding import host_value, named_sharding, put_global
 
 PREFIX_AXES = (None, "embed")  # [d_model, d_dec]: d_dec is the decoder's embed dim
 ROW_AXES = ("codes", None)  # [K, d_model]
@@ -138,8 +138,8 @@ def branch_from_codebook_model(
     """The OCR branch for `lm`: the codebook stage's decoder (taken over, not copied) and a new
     prefix projection from d_model that starts exactly where the stage's own d_c projection was."""
     w = exact_prefix_init(lm, model.prefix_proj[...])
-    if mesh is not None and mesh.size > 1:
-        w = put_global(w, named_sharding(mesh, PREFIX_AXES, w.shape, rules))  # multi-process safe
+    if mesh is not None and mesh.size > 1:  # multi-process safe: a global result gathered, then placed by its axes
+        w = put_global(host_value(w), named_sharding(mesh, PREFIX_AXES, w.shape, rules))
     return OCRBranch(model.cfg, lm.backbone.cfg.hidden_size, rngs=nnx.Rngs(0), decoder=model.decoder, prefix_proj=w)
 
 

@@ -56,9 +56,9 @@ from dlr_jax.models.codebook_model import (
     init_rngs,
     teacher_inputs,
 )
-from dlr_jax.models.vq import code_usage, kmeans_init, refresh_dead_codes, vq_objective
+from dlr_jax.models.vq import code_usage, kmeans_init, nearest_codes, refresh_dead_codes, vq_objective
 from dlr_jax.ocr_text import VOCAB, normalize_text
-from dlr_jax.sharding import create_sharded, put_global
+from dlr_jax.sharding import create_sharded, host_value, put_global
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook_models import LatentDecoder, encode_ids
 from dlr_jax.trainer import Trainer
@@ -220,14 +220,15 @@ def _set_codebook(trainer: Trainer, value: np.ndarray) -> None:
 
 
 def refresh_codes(trainer: Trainer, plan: rp.BatchPlan, num_batches: int, seed: int) -> int:
-    """Replaces codes no probe feature picks with probe features (+ noise); returns how many."""
+    """Replaces codes no probe feature picks with probe features (+ noise); returns how many. The codebook
+    and the features are host copies (the same on every process), so the new rows are too."""
     model = nnx.merge(trainer.graphdef, trainer.params, trainer.rest)
     start = (trainer.step * num_batches) % len(plan)
-    feats = _features(model, plan, start, num_batches)
-    codebook = trainer.params["vq"]["codebook"].get_value()
-    counts, _, _ = code_usage(model.nearest(jnp.asarray(feats)), model.cfg.num_codes)
+    feats = jnp.asarray(_features(model, plan, start, num_batches))
+    codebook = jnp.asarray(host_value(trainer.params["vq"]["codebook"].get_value()))
+    counts, _, _ = code_usage(nearest_codes(feats, codebook), model.cfg.num_codes)
     key = jax.random.fold_in(jax.random.key(seed), trainer.step)
-    new, dead = refresh_dead_codes(codebook, counts.astype(jnp.float32), jnp.asarray(feats), key, 0.5)
+    new, dead = refresh_dead_codes(codebook, counts.astype(jnp.float32), feats, key, 0.5)
     _set_codebook(trainer, np.asarray(new))
     return int(jnp.sum(dead))
 
@@ -432,7 +433,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         return {"preempted": True, "phase": "main", "step": result.step}
 
     model = result.model
-    codebook = np.asarray(model.vq.codebook[...])
+    codebook = host_value(model.vq.codebook[...])
     if jax.process_index() == 0:  # every process holds the same codebook; one writes it
         with atomic_path(out / "codebook.npy") as tmp, open(tmp, "wb") as f:
             np.save(f, codebook)

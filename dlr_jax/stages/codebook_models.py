@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -32,6 +31,7 @@ from dlr_jax.data import render_pipeline as rp
 from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig, greedy_decode, jit_encode
 from dlr_jax.models.dual_branch import OCRBranch
 from dlr_jax.ocr_text import VOCAB
+from dlr_jax.sharding import host_value, host_values
 from dlr_jax.workdir import final_dir, stage_dir
 
 CODEBOOK, SFT = "codebook", "sft"  # the stages whose outputs these loaders read
@@ -55,7 +55,7 @@ class LatentDecoder:
         self.model, self.batch_size = model, batch_size
         self.max_len = int(max_len or model.cfg.max_text_len)
         self._split = nnx.split(model)
-        self._codebook = np.asarray(model.vq.codebook[...])
+        self._codebook = host_value(model.vq.codebook[...])
 
     @property
     def num_codes(self) -> int:
@@ -120,7 +120,7 @@ def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_worke
         if n < cb.eval_batch_size:
             imgs = np.concatenate([imgs, np.repeat(imgs[:1], cb.eval_batch_size - n, 0)])
         t0 = time.perf_counter()
-        h, z = jax.device_get(jit_encode(graphdef, state, jnp.asarray(imgs)))
+        h, z = host_values(*jit_encode(graphdef, state, jnp.asarray(imgs)))  # multi-process: gathered
         if imgs.shape[1] in sides:  # a side's first batch compiles: not part of the rate
             busy, seen = busy + time.perf_counter() - t0, seen + n
         sides.add(imgs.shape[1])

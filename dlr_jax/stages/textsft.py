@@ -60,7 +60,8 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         num_workers=cfg.data.num_workers,
         vocab_size=model.cfg.vocab_size,
     )
-    print(f"[{stage}] {common.count_params(model):,} params, {len(train):,} examples", flush=True)
+    print(f"[{stage}] {common.count_params(model):,} params, {data.examples:,} of {len(train):,} examples "
+          f"(those that fit data.max_len={cfg.data.max_len})", flush=True)
     loss = functools.partial(common.lm_loss, vocab_mask=tok.vocab_padding_mask()[: tok.text_vocab_size])
     trainer = Trainer(
         model, loss, tcfg, stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules, name=stage

@@ -95,6 +95,17 @@ def test_train_cli_help_and_bad_override(tmp_path):
     assert not (tmp_path / "typo").exists()
 
 
+def test_a_missing_earlier_stage_is_one_error_line_naming_the_command(tmp_path, capsys):
+    from dlr_jax import train
+
+    w = tmp_path / "w"
+    code = train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--stage", "align", "--workdir", str(w),
+                       "--set", "data.synthetic_train=64", "--set", "data.synthetic_eval=8"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert f"--stage textsft --mode cot --workdir {w}` first" in err
+
+
 def test_direct_from_cot_starts_from_the_cot_sft_model(run_dir, tmp_path, monkeypatch):
     import dlr_jax.data.pipeline as pipeline
 
