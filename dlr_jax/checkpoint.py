@@ -16,9 +16,25 @@ from jax.sharding import Mesh
 from dlr_jax.files import write_text_atomic
 from dlr_jax.sharding import make_mesh, state_shardings, wait_for_all_processes
 
+# Orbax writes a replicated array "replica-parallel" by default (CPU and TPU): each replica saves a slice of it,
+# cut by an eager `lax.slice` per array shape, which is one XLA compile per shape in every fresh process (3 s
+# a checkpoint for the codebook stage's ~150 small arrays on CPU, more than the writing). Slicing only pays off
+# for large arrays written from several hosts, so an array whose per-replica slice is smaller than this is
+# written whole by one replica, as Orbax does on GPUs.
+REPLICA_PARALLEL_MIN_SLICE_BYTES = 4 << 20
+
+
+def configure_orbax() -> None:
+    """Registers Orbax's jax.Array handler with REPLICA_PARALLEL_MIN_SLICE_BYTES (idempotent; every saver of
+    the package calls it first)."""
+    th, least = ocp.type_handlers, REPLICA_PARALLEL_MIN_SLICE_BYTES
+    if getattr(th.get_type_handler(jax.Array), "_min_slice_bytes_for_replica_parallel", None) != least:
+        th.register_type_handler(jax.Array, th.ArrayHandler(min_slice_bytes_for_replica_parallel=least), override=True)
+
 
 def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
     """Writes `<out_dir>/params` (Orbax) and `<out_dir>/meta.json`; overwrites."""
+    configure_orbax()
     out = Path(out_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     ckptr = ocp.StandardCheckpointer()
@@ -48,7 +64,7 @@ def restore_params(
     d = Path(ckpt_dir).absolute() / "params"
     if not d.exists():
         raise FileNotFoundError(f"{d}: no saved parameters (did the previous stage finish?)")
-    mesh = mesh or make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    mesh = mesh or make_mesh(1, 1, 1, devices=jax.local_devices()[:1])  # this process's own device
     abstract = nnx.eval_shape(make_model)
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
     shardings = state_shardings(params, mesh, rules)

@@ -87,6 +87,6 @@ class SamplingCopy:
         return jax.device_put(state, self.shardings)
 
     def nbytes_per_device(self, state: nnx.State) -> int:
-        """Bytes of `state` (a copy this object made) held by the first device."""
-        dev = jax.devices()[0]
+        """Bytes of `state` (a copy this object made) held by this process's first device."""
+        dev = jax.local_devices()[0]
         return sum(s.data.nbytes for x in jax.tree.leaves(state) for s in x.addressable_shards if s.device == dev)

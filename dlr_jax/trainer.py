@@ -32,6 +32,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dlr_jax import preemption
+from dlr_jax.checkpoint import configure_orbax
 from dlr_jax.config import TrainConfig
 from dlr_jax.iterator_state import gather_states, own_state
 from dlr_jax.metrics_log import MetricsWriter, ProfileWindow, jsonable, progress
@@ -149,7 +150,7 @@ class Trainer:
             raise ValueError(f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}")
         self.cfg = cfg
         self.loss_fn = loss_fn
-        self.mesh = mesh or make_mesh(1, 1, 1, devices=jax.devices()[:1])
+        self.mesh = mesh or make_mesh(1, 1, 1, devices=jax.local_devices()[:1])  # this process's own device
         self.rules = rules
         self.name = name
         self.dir = Path(workdir)
@@ -168,6 +169,7 @@ class Trainer:
         self.step = 0
         self.rng = jax.random.key(cfg.seed)
         self._step_fn = None
+        configure_orbax()
         self.ckpt = ocp.CheckpointManager(
             (self.dir / "checkpoints").resolve(),
             options=ocp.CheckpointManagerOptions(

@@ -374,23 +374,3 @@ def test_cpu_decode_runs_its_matmuls_on_xla_kernels_not_ynnpack(model):
     assert "__ynn_fusion" in default  # the control: XLA:CPU's default sends dots to YNNPACK
     assert "__ynn_fusion" not in tuned and re.search(r"= f32\[[\d,]+\]\{[\d,]+\} dot\(", tuned)
     np.testing.assert_array_equal(tokens, default_tokens)
-
-
-def test_outputs_come_to_the_host_in_one_fetch_as_numpy(monkeypatch):
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from dlr_jax import sampling
-    from dlr_jax.sampling import _all_to_host
-    from dlr_jax.sharding import make_mesh
-
-    fetches = []
-    real_get = jax.device_get
-    monkeypatch.setattr(sampling.jax, "device_get", lambda xs: fetches.append(len(xs)) or real_get(xs))
-    n = jax.device_count()
-    mesh = make_mesh(n, 1, 1)
-    x = jax.device_put(np.arange(2 * n).reshape(n, 2), NamedSharding(mesh, PartitionSpec("data")))
-    y = jnp.float32(1.5)
-    a, b = _all_to_host(x, y)
-    assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-    np.testing.assert_array_equal(a, np.arange(2 * n).reshape(n, 2))
-    assert float(b) == 1.5 and fetches == [2]  # both arrays in one device_get

@@ -1,4 +1,6 @@
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 
@@ -44,3 +46,20 @@ def test_process_agreement_and_barrier_with_one_process():
 
     assert all_processes_ok(True) is True and all_processes_ok(False) is False
     wait_for_all_processes("no other process: returns at once")
+
+
+def test_host_values_fetch_local_arrays_in_one_device_get_as_numpy(monkeypatch):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+
+    fetches = []
+    real_get = jax.device_get
+    monkeypatch.setattr(sh.jax, "device_get", lambda xs: fetches.append(len(xs)) or real_get(xs))
+    n = jax.device_count()
+    mesh = sh.make_mesh(n, 1, 1)
+    x = jax.device_put(np.arange(2 * n).reshape(n, 2), NamedSharding(mesh, PartitionSpec("data")))
+    y = jnp.float32(1.5)
+    a, b = sh.host_values(x, y)  # the sampler's outputs come back this way
+    assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+    np.testing.assert_array_equal(a, np.arange(2 * n).reshape(n, 2))
+    assert float(b) == 1.5 and fetches == [2]  # both arrays in one device_get

@@ -30,6 +30,7 @@ from dlr_jax.models.causal_flow import load_hf_vision_state_dict
 from dlr_jax.models.moe import moe_arrays_from_hf, moe_arrays_to_hf
 from dlr_jax.models.ocr2 import MODEL_TYPE, Ocr2Config, Ocr2Model, hf_config_dict, ocr2_config_from_hf
 from dlr_jax.models.ocr2_text import ATTN_NAMES, DENSE_NAMES
+from dlr_jax.sharding import host_value
 
 V = "model.vision_tower."
 T = "model.language_model."
@@ -124,7 +125,7 @@ def state_dict_from_model(model: Ocr2Model, dtype: str | None = None) -> dict[st
     b = cfg.text.base
     d, h, hd = b.hidden_size, b.num_heads, b.head_dim
     cast = (lambda x: np.asarray(x, np.dtype(dtype))) if dtype else np.asarray
-    g = lambda v: np.asarray(jax.device_get(v[...]), np.float32)  # noqa: E731
+    g = lambda v: np.asarray(host_value(v[...]), np.float32)  # noqa: E731 - gathered when sharded over processes
     sd: dict[str, np.ndarray] = {}
     enc, vis, flow = model.encoder, model.encoder.vision, model.encoder.flow
     sd.update(_vision_to_hf(vis, flow, g))
@@ -197,7 +198,7 @@ def _vision_to_hf(vis, flow, g) -> dict[str, np.ndarray]:
     fa = flow.layers.arrays()
     fd, fh, fkv, fhd = fc.hidden_size, fc.num_heads, fc.num_kv_heads, fc.head_dim
     for i in range(fc.num_layers):
-        p, q = f"{e}layers.{i}.", lambda n, i=i: np.asarray(fa[n][i], np.float32)  # noqa: E731
+        p, q = f"{e}layers.{i}.", lambda n, i=i: np.asarray(host_value(fa[n][i]), np.float32)  # noqa: E731
         out[p + "input_layernorm.weight"] = q("attn_norm")
         out[p + "post_attention_layernorm.weight"] = q("mlp_norm")
         for n, nheads in (("q", fh), ("k", fkv), ("v", fkv)):

@@ -13,6 +13,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from dlr_jax.checkpoint import configure_orbax
 from dlr_jax.hf_config import ConversionError
 from dlr_jax.sharding import logical_to_spec, make_mesh
 
@@ -111,7 +112,7 @@ def path_str(path: tuple[Any, ...]) -> str:
 
 
 def default_mesh() -> Mesh:
-    return make_mesh(1, 1, 1, devices=[jax.devices()[0]])
+    return make_mesh(1, 1, 1, devices=[jax.local_devices()[0]])
 
 
 def param_sharding(var: nnx.Variable, mesh: Mesh, rules: str | Mapping) -> NamedSharding:
@@ -134,6 +135,7 @@ def save_param_state(model: nnx.Module, out_dir: str | Path, config_file: str, c
     if (out / "params").exists() and not overwrite:
         raise ConversionError(f"{out / 'params'}: already exists (pass overwrite=True / --force)")
     out.mkdir(parents=True, exist_ok=True)
+    configure_orbax()
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(out / "params", nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=overwrite)
     ckptr.wait_until_finished()

@@ -31,7 +31,7 @@ from dlr_jax.models.ocr2 import Ocr2Config, ocr2_config_from_hf
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig, Ocr2CodebookModel
 from dlr_jax.models.vq import VectorQuantizer, code_usage, vq_objective
 from dlr_jax.ocr_text import normalize_text
-from dlr_jax.sharding import create_sharded
+from dlr_jax.sharding import create_sharded, host_value
 
 
 def load_tokenizer(init_from: str | Path):
@@ -215,7 +215,7 @@ def held_out_report(model: Ocr2CodebookModel, texts: list[str], cb: Any, tok: An
             for kind, src in order.items():
                 z = np.zeros((bs, len(ids[group[0]])), np.int32)
                 z[: len(rows)] = [ids[j] for j in src[start:start + bs]]
-                sums[kind] += np.asarray(_tf_sums_jit(graphdef, state, jnp.asarray(z), jnp.asarray(tgt)))
+                sums[kind] += host_value(_tf_sums_jit(graphdef, state, jnp.asarray(z), jnp.asarray(tgt)))
     flat = np.concatenate([np.asarray(z) for z in ids])
     _, used, ppl = code_usage(jnp.asarray(flat), model.cfg.num_codes)
     out: dict[str, Any] = {"examples": len(texts), "perplexity": float(ppl), "used_codes": int(used),
