@@ -13,23 +13,26 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.files import write_text_atomic
+from dlr_jax.files import MissingStageError, write_text_atomic
 from dlr_jax.sharding import make_mesh, state_shardings, wait_for_all_processes
 
-# Orbax writes a replicated array "replica-parallel" by default (CPU and TPU): each replica saves a slice of it,
-# cut by an eager `lax.slice` per array shape, which is one XLA compile per shape in every fresh process (3 s
-# a checkpoint for the codebook stage's ~150 small arrays on CPU, more than the writing). Slicing only pays off
-# for large arrays written from several hosts, so an array whose per-replica slice is smaller than this is
-# written whole by one replica, as Orbax does on GPUs.
+# Orbax writes a replicated array "replica-parallel" by default (on CPU and TPU; not when JAX_PLATFORMS names a
+# GPU): each replica saves a slice of it, cut by an eager `lax.slice` per array shape, which is one XLA compile per
+# shape in every fresh process (3 s a checkpoint for the codebook stage's ~150 small arrays on CPU, more than the
+# writing). Slicing only pays off for large arrays written from several hosts, so an array whose per-replica slice
+# is smaller than this is written whole by one replica.
 REPLICA_PARALLEL_MIN_SLICE_BYTES = 4 << 20
 
 
 def configure_orbax() -> None:
-    """Registers Orbax's jax.Array handler with REPLICA_PARALLEL_MIN_SLICE_BYTES (idempotent; every saver of
-    the package calls it first)."""
+    """Re-registers Orbax's jax.Array handler with REPLICA_PARALLEL_MIN_SLICE_BYTES, keeping its array metadata
+    store (what records, e.g., a PRNG key's type); idempotent, and every saver of the package calls it first."""
     th, least = ocp.type_handlers, REPLICA_PARALLEL_MIN_SLICE_BYTES
-    if getattr(th.get_type_handler(jax.Array), "_min_slice_bytes_for_replica_parallel", None) != least:
-        th.register_type_handler(jax.Array, th.ArrayHandler(min_slice_bytes_for_replica_parallel=least), override=True)
+    old = th.get_type_handler(jax.Array)
+    if getattr(old, "_min_slice_bytes_for_replica_parallel", None) != least:
+        store = getattr(old, "_array_metadata_store", None)
+        th.register_type_handler(jax.Array, th.ArrayHandler(min_slice_bytes_for_replica_parallel=least,
+                                                            array_metadata_store=store), override=True)
 
 
 def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
@@ -63,7 +66,7 @@ def restore_params(
     abstract model's logical axes (never from the saved sharding metadata)."""
     d = Path(ckpt_dir).absolute() / "params"
     if not d.exists():
-        raise FileNotFoundError(f"{d}: no saved parameters (did the previous stage finish?)")
+        raise MissingStageError(f"{d}: no saved parameters (did the previous stage finish?)")
     mesh = mesh or make_mesh(1, 1, 1, devices=jax.local_devices()[:1])  # this process's own device
     abstract = nnx.eval_shape(make_model)
     graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)

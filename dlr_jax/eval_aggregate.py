@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from dlr_jax.files import MissingStageError
+
 METRICS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question")
 
 
@@ -33,7 +35,7 @@ def aggregate(workdirs: Sequence[str | Path], stage: str, *, tag: str = "") -> d
     for w in workdirs:
         f = results_file(w, stage, tag)
         if not f.is_file():
-            raise FileNotFoundError(f"{f}: not found; run `python -m dlr_jax.evaluate --workdir {w} --stage {stage}"
+            raise MissingStageError(f"{f}: not found; run `python -m dlr_jax.evaluate --workdir {w} --stage {stage}"
                                     f"{' --tag ' + tag if tag else ''}` first")
         runs.append((f, json.loads(f.read_text())))
     first_f, first = runs[0]

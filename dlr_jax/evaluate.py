@@ -470,9 +470,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 if __name__ == "__main__":
     from dlr_jax.data.records import DataFormatError
+    from dlr_jax.files import MissingStageError
 
     try:
         main()
-    except (ConfigError, DataFormatError, FileNotFoundError) as e:  # a missing stage names the command that makes it
+    except (ConfigError, DataFormatError, MissingStageError) as e:  # a missing stage names the command that makes it
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -39,3 +39,9 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+class MissingStageError(FileNotFoundError):
+    """An input that an earlier command writes is not there (a stage's final model, the exported latent ids, a
+    workdir's config): the message names the command that makes it. The CLIs print it as one error line (exit 2);
+    any other missing file keeps its traceback."""

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 
 from dlr_jax.checkpoint import read_meta, restore_params, save_params
 from dlr_jax.config import Config, ModelConfig, from_dict, to_dict
+from dlr_jax.files import MissingStageError
 from dlr_jax.sharding import mesh_from_config
 from dlr_jax.tokens import Tokenizer
 from dlr_jax.workdir import final_dir, workdir_config
@@ -69,6 +70,9 @@ def _model_factory(meta: dict[str, Any], tok: Tokenizer, cfg: Config):
 def restore_stage(workdir: str | Path, stage: str, tok: Tokenizer, cfg: Config, mesh: Mesh) -> nnx.Module:
     """The model a finished stage saved (its kind from meta.json), restored onto `mesh` with `cfg`'s rules."""
     d = final_dir(workdir, stage)
+    if not (d / "meta.json").is_file():
+        raise MissingStageError(f"{d}: stage {stage!r} has not finished in {workdir}; run "
+                                f"`python -m dlr_jax.train --stage {stage} --workdir {workdir}` first")
     return restore_params(_model_factory(read_meta(d), tok, cfg), d, mesh, cfg.mesh.rules)
 
 

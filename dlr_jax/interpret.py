@@ -27,6 +27,7 @@ from typing import Any
 
 from dlr_jax.data.cot_view import cot_view, step_results
 from dlr_jax.data.records import Example
+from dlr_jax.files import MissingStageError
 from dlr_jax.workdir import final_dir
 
 GOLDLESS = "custom"
@@ -37,7 +38,8 @@ def default_stage(workdir: str | Path) -> str:
     for stage in ("rl", "sft", "align"):
         if final_dir(workdir, stage).exists():
             return stage
-    raise FileNotFoundError(f"{workdir}: no finished latent stage (rl, sft or align)")
+    raise MissingStageError(f"{workdir}: no finished latent stage (rl, sft or align); run `python -m dlr_jax.train "
+                            f"--stage align --workdir {workdir}` (after textsft) first")
 
 
 def _png_data_uri(image: Any) -> str:

@@ -32,6 +32,7 @@ from typing import Any
 import jax
 
 from dlr_jax.config import Config, ConfigError, load_config
+from dlr_jax.hf_config import ConversionError
 from dlr_jax.plan_buffers import largest_values
 from dlr_jax.plan_flops import FlopCount, count_jaxpr
 from dlr_jax.plan_programs import BOUNDARY_TOKENS as BOUNDARY_TOKENS  # noqa: F401 - public: plan.BOUNDARY_TOKENS
@@ -208,7 +209,7 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
             for mesh in meshes:
                 try:
                     r = plan_once(c, stage, target, mesh)
-                except TargetUnavailable:  # no compiler for the target: no mesh would do better
+                except (TargetUnavailable, ConfigError):  # no compiler, or a config no row can fix: say it once
                     raise
                 except Exception as e:  # noqa: BLE001 - a plan that does not compile is a row, not a crash
                     r = {"remat": remat, "grad_accum": accum, "mesh": mesh, "error": f"{type(e).__name__}: {e}"[:300]}
@@ -268,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--mesh {a.mesh!r}: expected data=N,fsdp=N,tensor=N ({e})")
     try:
         return _run(a, shape)
-    except (ConfigError, TargetUnavailable) as e:  # a bad config, or no compiler for the target: say so, no traceback
+    # a bad config, a checkpoint file it names that is missing or unreadable, or no compiler for the target: say
+    # so, no traceback
+    except (ConfigError, ConversionError, FileNotFoundError, TargetUnavailable) as e:
         print(f"{ap.prog}: error: {e}", file=sys.stderr)
         return 2
 

@@ -181,10 +181,12 @@ def host_values(*xs: Any) -> list[np.ndarray]:
     for its own round trip)."""
     from jax.experimental import multihost_utils
 
-    if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in xs):
+    def local(x: Any) -> bool:  # every process holds all of it (a replicated array: its own copy)
+        return not isinstance(x, jax.Array) or x.is_fully_addressable or x.is_fully_replicated
+
+    if all(local(x) for x in xs):
         return [np.asarray(x) for x in jax.device_get(xs)]
-    return [np.asarray(multihost_utils.process_allgather(x, tiled=True)) if isinstance(x, jax.Array)
-            and not x.is_fully_addressable else np.asarray(x) for x in xs]
+    return [np.asarray(x) if local(x) else np.asarray(multihost_utils.process_allgather(x, tiled=True)) for x in xs]
 
 
 def host_value(x: Any) -> np.ndarray:

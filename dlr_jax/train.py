@@ -24,6 +24,7 @@ from pathlib import Path
 from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, dump_config, load_config
 from dlr_jax.data.records import DataFormatError
+from dlr_jax.files import MissingStageError
 from dlr_jax.preflight import check_counts
 from dlr_jax.workdir import RunRefused, WorkdirLocked, open_run
 
@@ -92,10 +93,11 @@ def _init_from_note(cfg: Config) -> str:
         return ""
     import dataclasses
 
-    from dlr_jax.stages.common import RUN_MODEL_KEYS, backbone_architecture
+    from dlr_jax.config.model import RUN_MODEL_KEYS
+    from dlr_jax.hf_config import model_config_from_hf  # not stages.common: --print-config loads no jax
 
     try:
-        arch = backbone_architecture(cfg)
+        arch = model_config_from_hf(cfg.init_from, **{k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS})
     except (OSError, ValueError) as e:  # a missing or unreadable config.json: the stage says so when it runs
         return f"# init_from: {cfg.init_from}/config.json not read ({e})\n"
     diff = [f"{f.name}: {getattr(arch, f.name)!r}" for f in dataclasses.fields(arch)
@@ -161,9 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=all_processes_ok):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
         # one line says it all (file:line, keys; a missing input names the command that makes it)
-        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, FileNotFoundError) as e:
+        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, MissingStageError) as e:
             print(f"error: {e}", file=sys.stderr)
-            return 2
+            return preemption.exit_code() or 2  # a stop asked meanwhile keeps its code: the scheduler requeues
     code = preemption.exit_code()
     if code:
         print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "

@@ -150,6 +150,8 @@ class Trainer:
             raise ValueError(f"batch_size={cfg.batch_size} must be divisible by grad_accum={cfg.grad_accum}")
         self.cfg = cfg
         self.loss_fn = loss_fn
+        if mesh is None and jax.process_count() > 1:  # each process would train its own copy, silently
+            raise ValueError(f"{name}: a multi-process run needs a mesh over every process's devices (mesh=)")
         self.mesh = mesh or make_mesh(1, 1, 1, devices=jax.local_devices()[:1])  # this process's own device
         self.rules = rules
         self.name = name

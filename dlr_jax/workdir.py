@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.config import Config, ConfigError, load_config, to_dict
+from dlr_jax.files import MissingStageError
 
 # ------------------------------------------------------------------------------------------------
 # The layout.
@@ -67,7 +68,8 @@ def workdir_config(workdir: str | Path) -> Config:
     """The config the workdir's runs recorded (config.yaml)."""
     f = Path(workdir) / "config.yaml"
     if not f.is_file():
-        raise FileNotFoundError(f"{f}: not found — is {workdir} a dlr_jax workdir?")
+        raise MissingStageError(f"{f}: not found — is {workdir} a dlr_jax workdir? (`python -m dlr_jax.train "
+                                f"--config C --stage S --workdir {workdir}` makes one)")
     return load_config(f)
 
 
@@ -96,8 +98,10 @@ CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "cod
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
                  "codebook.eval_", "codebook.export_splits", "codebook.remat", "codebook.dtype")
 # Keys whose value changes no result: a render cache is checked (corpus, settings, seed) to hold the very images
-# drawing them would give, pixel for pixel; adding or dropping one needs no flag (the change is still logged).
-SAME_RESULTS = ("codebook.render_cache",)
+# drawing them would give, pixel for pixel; `codebook.pretrained` only decides whether the codebook stage may start
+# without codebook.init_from (workdirs made before the key existed recorded false). Adding or dropping one needs no
+# flag (the change is still logged).
+SAME_RESULTS = ("codebook.render_cache", "codebook.pretrained")
 IGNORED = ("run.workdir", "run.allow_config_change")
 
 

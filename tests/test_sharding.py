@@ -2,7 +2,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from dlr_jax import sharding as sh
 
@@ -49,9 +49,7 @@ def test_process_agreement_and_barrier_with_one_process():
 
 
 def test_host_values_fetch_local_arrays_in_one_device_get_as_numpy(monkeypatch):
-    from jax.sharding import NamedSharding, PartitionSpec
-
-
+    # (arrays spanning other processes are gathered instead: tests/test_multiprocess.py runs that path)
     fetches = []
     real_get = jax.device_get
     monkeypatch.setattr(sh.jax, "device_get", lambda xs: fetches.append(len(xs)) or real_get(xs))

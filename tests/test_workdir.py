@@ -69,6 +69,15 @@ def test_safe_and_unsafe_keys():
     assert not is_unsafe("codebook.render_cache") and is_unsafe("codebook.render_view")
 
 
+def test_a_workdir_from_before_codebook_pretrained_resumes_with_the_ocr2_recipe(tmp_path):
+    # configs/codebook-ocr2.yaml now sets codebook.pretrained: true; a workdir it started earlier recorded false
+    ocr2 = ROOT / "configs" / "codebook-ocr2.yaml"
+    old = load_config(ocr2, ["codebook.init_from=/w/ocr2", "codebook.pretrained=false"])
+    save_config(old, tmp_path / "config.yaml")
+    now = load_config(ROOT / "configs" / "codebook-ocr2.yaml", ["codebook.init_from=/w/ocr2"])
+    assert check_config_change(now, tmp_path) == {"codebook.pretrained": (False, True)}
+
+
 def test_a_checked_render_cache_joins_a_workdir_without_the_flag(tmp_path):
     """README's CLI overview: a codebook stage resumed with the corpus rendered once reads the very images it would
     draw (the cache is checked against the config), so adding the cache needs no flag; the change is logged."""

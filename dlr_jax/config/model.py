@@ -8,6 +8,10 @@ from typing import Any
 
 from dlr_jax.config.base import ConfigError, FrozenMapping, _freeze, auto_on_off
 
+# ModelConfig fields that describe how a run computes, not the architecture: with `init_from` they come
+# from the YAML model section (the recipe's bf16 compute, remat), everything else from config.json.
+RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

@@ -195,10 +195,10 @@ def _vision_to_hf(vis, flow, g) -> dict[str, np.ndarray]:
                 out[p + hf] = a[n][j]
             out[p + "mlp.lin1.weight"], out[p + "mlp.lin2.weight"] = a["fc1"][j].T, a["fc2"][j].T
     e = V + "vision_encoder."
-    fa = flow.layers.arrays()
+    fa = {n: np.asarray(host_value(v), np.float32) for n, v in flow.layers.arrays().items()}  # each stack once
     fd, fh, fkv, fhd = fc.hidden_size, fc.num_heads, fc.num_kv_heads, fc.head_dim
     for i in range(fc.num_layers):
-        p, q = f"{e}layers.{i}.", lambda n, i=i: np.asarray(host_value(fa[n][i]), np.float32)  # noqa: E731
+        p, q = f"{e}layers.{i}.", lambda n, i=i: fa[n][i]  # noqa: E731
         out[p + "input_layernorm.weight"] = q("attn_norm")
         out[p + "post_attention_layernorm.weight"] = q("mlp_norm")
         for n, nheads in (("q", fh), ("k", fkv), ("v", fkv)):

@@ -40,6 +40,7 @@ from dlr_jax.convert.decoder import abstract_model, save_hf
 from dlr_jax.convert.tensors import check_finite, path_str
 from dlr_jax.handoff import load_stage_model
 from dlr_jax.hf_config import ConversionError
+from dlr_jax.sharding import host_value
 from dlr_jax.tokens import BOUNDARY_TOKENS
 from dlr_jax.workdir import final_dir
 
@@ -107,7 +108,7 @@ def hf_tokenizer_files(tok: Any, out: Path, *, with_latents: bool, max_length: i
 
 
 def _host(x: Any) -> np.ndarray:
-    return np.asarray(jax.device_get(x), np.float32)
+    return np.asarray(host_value(x), np.float32)
 
 
 def latent_lm_as_transformer(lm: Any):
@@ -148,7 +149,7 @@ def export_stage(workdir: str | Path, stage: str, out: str | Path, *, force: boo
     if kind not in ("latent_lm", "backbone"):
         raise ConversionError(f"{d}: a {kind!r} model has no Hugging Face causal-LM form")
     out = prepare_out_dir(out, force=force)
-    model, tok, _ = load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.devices()[:1]))
+    model, tok, _ = load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.local_devices()[:1]))
     if kind == "latent_lm":
         suppress = [int(i) for i in np.flatnonzero(~model.vocab_mask())]
         cfg, model = latent_lm_as_transformer(model)
@@ -157,7 +158,7 @@ def export_stage(workdir: str | Path, stage: str, out: str | Path, *, force: boo
         suppress = [int(i) for i in np.flatnonzero(~tok.vocab_padding_mask()[: cfg.vocab_size])]
     cfg = dataclasses.replace(cfg, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id, bos_token_id=tok.bos_id)
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        check_finite(np.asarray(jax.device_get(var.get_value())), "/".join(map(str, path)), d)
+        check_finite(host_value(var.get_value()), "/".join(map(str, path)), d)
     save_hf(model, cfg, out, dtype=dtype or "float32")
     hf_tokenizer_files(tok, out, with_latents=kind == "latent_lm", max_length=cfg.max_position_embeddings)
     gen = {"do_sample": False, "eos_token_id": [tok.answer_end_id, tok.eos_id], "pad_token_id": tok.pad_id,

@@ -342,7 +342,7 @@ class ProcessSlice(grain.MapDataset):
 class StageData:
     """What `make_stage_dataset` returns: iterable (a fresh iterator from the start each time)."""
 
-    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int = 0):
+    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int):
         """examples: how many examples fit max_len (what an epoch holds)."""
         self._make, self.global_batch, self.shard_count, self.packed = make, global_batch, shard_count, packed
         self.examples = examples

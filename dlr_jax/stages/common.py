@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ModelConfig, save_config
+from dlr_jax.config.model import RUN_MODEL_KEYS as RUN_MODEL_KEYS  # public here too
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.files import write_text_atomic
@@ -133,11 +134,6 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
 
 # ------------------------------------------------------------------------------------------------
 # Models.
-
-
-# ModelConfig fields that describe how a run computes, not the architecture: with `init_from` they come
-# from the YAML model section (the recipe's bf16 compute, remat), everything else from config.json.
-RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
 
 
 def run_model_keys(cfg: Config) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
-from dlr_jax.files import write_text_atomic
+from dlr_jax.files import MissingStageError, write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.models.vq import code_usage
 from dlr_jax.sharding import wait_for_all_processes
@@ -64,7 +64,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     (the CLI passes it to every stage)."""
     del num_steps
     if not (final_dir(workdir, "codebook") / "meta.json").is_file():
-        raise FileNotFoundError(
+        raise MissingStageError(
             f"{final_dir(workdir, 'codebook')}: no trained codebook; run "
             f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first"
         )

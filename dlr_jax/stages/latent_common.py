@@ -14,6 +14,7 @@ from dlr_jax.config import Config
 from dlr_jax.data.latents import latents_path, random_latents, read_latents, step_result_latents
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
+from dlr_jax.files import MissingStageError
 from dlr_jax.handoff import restore_stage, save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.tokens import Tokenizer
@@ -32,7 +33,7 @@ def latents_for(cfg: Config, workdir: str | Path, split: str, examples: list[Exa
         raise ValueError(f"latent.source must be codebook, random or step_results, got {cfg.latent.source!r}")
     path = latents_path(workdir, split)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingStageError(
             f"{path}: no latent ids. Run `python -m dlr_jax.train --stage export --workdir {workdir}` "
             "first (after --stage codebook), or set latent.source=random for a pipeline check."
         )
@@ -58,7 +59,7 @@ def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, 
         return common.new_backbone(cfg, tok, mesh)
     d = final_dir(workdir, "textsft_cot")
     if not d.exists():
-        raise FileNotFoundError(
+        raise MissingStageError(
             f"{d}: no CoT-SFT backbone. For from-scratch configs run "
             f"`python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` first, or set init_from."
         )
@@ -88,7 +89,8 @@ def new_latent_lm(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
 def load_latent_stage(cfg: Config, workdir: str | Path, stage: str, tok: Tokenizer, mesh: Mesh):
     d = final_dir(workdir, stage)
     if not d.exists():
-        raise FileNotFoundError(f"{d}: stage {stage!r} has not finished in {workdir}")
+        raise MissingStageError(f"{d}: stage {stage!r} has not finished in {workdir}; run "
+                                f"`python -m dlr_jax.train --stage {stage} --workdir {workdir}` first")
     return restore_stage(workdir, stage, tok, cfg, mesh)
 
 

@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 
 from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import Config
-from dlr_jax.files import write_text_atomic
+from dlr_jax.files import MissingStageError, write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
 from dlr_jax.ocr_text import VOCAB
@@ -124,7 +124,7 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
     if mode == "auto" and not (have and cfg.latent.source == "codebook"):
         return None
     if not have:
-        raise FileNotFoundError(
+        raise MissingStageError(
             f"{cb_dir / 'meta.json'}: latent.dual_branch=on needs the codebook stage's OCR decoder; run "
             f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first, or set latent.dual_branch=auto"
         )

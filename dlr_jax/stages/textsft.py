@@ -17,6 +17,7 @@ from pathlib import Path
 
 from dlr_jax.config import Config
 from dlr_jax.data.sources import load_examples
+from dlr_jax.files import MissingStageError
 from dlr_jax.handoff import restore_stage, save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import local_batch
@@ -34,7 +35,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         raise ValueError(f"textsft mode must be one of {', '.join(MODES)}, got {mode!r}")
     stage = f"textsft_{mode}"
     if mode == "direct_from_cot" and not (final_dir(workdir, "textsft_cot") / "meta.json").is_file():
-        raise FileNotFoundError(f"{final_dir(workdir, 'textsft_cot')}: direct_from_cot starts from the CoT-SFT "
+        raise MissingStageError(f"{final_dir(workdir, 'textsft_cot')}: direct_from_cot starts from the CoT-SFT "
                                 f"model; run `python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` "
                                 "first")
     train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written

@@ -104,6 +104,10 @@ def test_a_missing_earlier_stage_is_one_error_line_naming_the_command(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and "Traceback" not in err
     assert f"--stage textsft --mode cot --workdir {w}` first" in err
+    ev = subprocess.run([sys.executable, "-m", "dlr_jax.evaluate", "--workdir", str(w), "--stage", "sft"],
+                        capture_output=True, text=True, cwd=ROOT)
+    assert ev.returncode == 2 and ev.stderr.startswith("error: ") and "Traceback" not in ev.stderr
+    assert f"--stage sft --workdir {w}` first" in ev.stderr
 
 
 def test_direct_from_cot_starts_from_the_cot_sft_model(run_dir, tmp_path, monkeypatch):
