@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dlr_jax.config import Config, ConfigError
 from dlr_jax.sharding import logical_to_spec, state_shardings
 from dlr_jax.stages.common import backbone_architecture, pretrained_tokenizer
-from dlr_jax.tokens import TOKENIZER_FILE, Tokenizer
+from dlr_jax.tokens import TOKENIZER_FILE
 
 STAGES = ("align", "sft", "rl", "rollout", "codebook")
 BOUNDARY_TOKENS = 5  # <pad> and the four boundary tokens a tokenizer may add past the checkpoint's rows
@@ -59,10 +59,10 @@ def _state_abstract(state: nnx.State, mesh: Mesh, rules: str) -> tuple[Any, Any]
     return _abstract(state, full), full
 
 
-def _planned_tokenizer(cfg: Config) -> Tokenizer | None:
-    """The tokenizer a run from `tokenizer.path` / `init_from` would use, when its tokenizer.json is there."""
+def _tokenizer_dir(cfg: Config) -> str | None:
+    """Where a run from `tokenizer.path` / `init_from` reads its tokenizer, when its tokenizer.json is there."""
     d = cfg.tokenizer.path or cfg.init_from
-    return pretrained_tokenizer(cfg) if d and (Path(d) / TOKENIZER_FILE).is_file() else None
+    return d if d and (Path(d) / TOKENIZER_FILE).is_file() else None
 
 
 def backbone_notes(cfg: Config) -> tuple[str, ...]:
@@ -70,7 +70,7 @@ def backbone_notes(cfg: Config) -> tuple[str, ...]:
     if not cfg.init_from:
         return ()
     d = cfg.tokenizer.path or cfg.init_from
-    vocab = (f"vocabulary: the tokenizer of {d}, as the run's" if _planned_tokenizer(cfg) is not None else
+    vocab = (f"vocabulary: the tokenizer of {d}, as the run's" if _tokenizer_dir(cfg) else
              f"vocabulary: an upper bound (no {TOKENIZER_FILE} in {d}: the checkpoint's rows + {BOUNDARY_TOKENS} "
              "added tokens, rounded up)")
     return (f"backbone: the architecture of {cfg.init_from}/config.json (init_from; no weight read)", vocab)
@@ -84,7 +84,7 @@ def latent_lm_abstract(cfg: Config):
 
     arch = backbone_architecture(cfg)
     mult, k = cfg.tokenizer.pad_multiple, cfg.latent.num_latents
-    tok = _planned_tokenizer(cfg)
+    tok = pretrained_tokenizer(cfg) if _tokenizer_dir(cfg) else None
     if tok is not None:  # as stages.common.backbone_config: the rows are max(checkpoint's, tokenizer's text ids)
         text_rows, total = max(arch.vocab_size, tok.text_vocab_size), tok.total_vocab_size
     else:
@@ -262,11 +262,10 @@ def build_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
 
 
 def codebook_program(cfg: Config, mesh: Mesh) -> Program:
-    import functools
 
     from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
     from dlr_jax.optimizer import make_optimizer, opt_state_shardings
-    from dlr_jax.stages.codebook import codebook_loss
+    from dlr_jax.stages.codebook import main_phase_loss
     from dlr_jax.stages.codebook_ocr2 import check_start
     from dlr_jax.trainer import build_step_fn
 
@@ -277,15 +276,12 @@ def codebook_program(cfg: Config, mesh: Mesh) -> Program:
         from dlr_jax.stages import codebook_ocr2 as o2
 
         model = o2.abstract_model(cfg)
-        loss = functools.partial(o2.ocr2_codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta,
-                                 router_aux_coef=cb.router_aux_coef)
         n = model.cfg.ocr2.encoder.vision.num_tokens(side, side)
         what = (f"DeepSeek-OCR-2 of {cb.init_from} (its config.json; no weight read), VQ at {cb.quantize_at} "
                 f"(d_c = {model.cfg.code_dim}), targets of {cb.max_text_len} tokens")
     else:
         mcfg = CodebookModelConfig.from_config(cfg)
         model = nnx.eval_shape(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg"))))
-        loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
         n = (side // 64) ** 2
         what = "from-scratch encoder and character decoder (codebook.init_from unset)"
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -298,7 +294,7 @@ def codebook_program(cfg: Config, mesh: Mesh) -> Program:
     batch = _batch_sds(mesh, rules, accum, cb.train.batch_size // accum,
                        {"images": ((side, side), jnp.uint8), "targets": ((cb.max_text_len,), jnp.int32),
                         "alpha": ((), jnp.float32)})
-    pure = build_step_fn(graphdef, loss, tx, schedule)
+    pure = build_step_fn(graphdef, main_phase_loss(cfg), tx, schedule)
     jitted = jax.jit(pure, in_shardings=(p_sh, r_sh, o_sh, None, None, None), out_shardings=(p_sh, o_sh, None),
                      donate_argnums=(0, 2))
     rng = jax.ShapeDtypeStruct((), _KEY_DTYPE())

@@ -97,7 +97,7 @@ def _init_from_note(cfg: Config) -> str:
     from dlr_jax.hf_config import model_config_from_hf  # not stages.common: --print-config loads no jax
 
     try:
-        arch = model_config_from_hf(cfg.init_from, **{k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS})
+        arch = model_config_from_hf(cfg.init_from, **cfg.model.run_keys())
     except (OSError, ValueError) as e:  # a missing or unreadable config.json: the stage says so when it runs
         return f"# init_from: {cfg.init_from}/config.json not read ({e})\n"
     diff = [f"{f.name}: {getattr(arch, f.name)!r}" for f in dataclasses.fields(arch)

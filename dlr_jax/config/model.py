@@ -51,6 +51,10 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     pad_token_id: int | None = None
 
+    def run_keys(self) -> dict[str, Any]:
+        """This section's RUN_MODEL_KEYS, which a run from `init_from` keeps (the rest comes from config.json)."""
+        return {k: getattr(self, k) for k in RUN_MODEL_KEYS}
+
     def __post_init__(self) -> None:
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, FrozenMapping):
             object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))

@@ -171,6 +171,18 @@ def codebook_loss(model: CodebookModel, batch: dict, rng: jax.Array, *, lambda_v
     return jnp.sum(nll_q) + ce_c + ntok * vq_objective(vq, commit, lambda_vq, beta), ntok, metrics
 
 
+def main_phase_loss(cfg: Config):
+    """The main phase's loss, as the stage trains it and the planner compiles it: over characters, or over the
+    checkpoint's tokens when codebook.init_from fine-tunes DeepSeek-OCR-2."""
+    cb = cfg.codebook
+    if cb.init_from:
+        from dlr_jax.stages.codebook_ocr2 import ocr2_codebook_loss
+
+        return functools.partial(ocr2_codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta,
+                                 router_aux_coef=cb.router_aux_coef)
+    return functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
+
+
 def warmup_loss(model: CodebookModel, batch: dict, rng: jax.Array, *, dropout: float):
     """CE(H): the continuous branch alone (no quantization)."""
     targets = batch["targets"]
@@ -397,11 +409,9 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         model = warm_up(model, cb.warmup_whole_steps, "warmup_whole", data(2))
         if isinstance(model, dict):
             return model
-    loss = functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
+    loss = main_phase_loss(cfg)
     feed_it = data(0)
     if tok is not None:
-        loss = functools.partial(o2.ocr2_codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta,
-                                 router_aux_coef=cb.router_aux_coef)
         feed_it = o2.TokenTargets(feed_it, plan.texts, tok, cb.max_text_len, mcfg.eos_id)
     trainer = Trainer(model, loss, main_train, out, mesh=mesh, rules=cfg.mesh.rules, name=STAGE)
     init_info: dict[str, Any] = {}

@@ -136,15 +136,10 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
 # Models.
 
 
-def run_model_keys(cfg: Config) -> dict[str, Any]:
-    """The YAML model section's RUN_MODEL_KEYS, which a run from `init_from` keeps."""
-    return {k: getattr(cfg.model, k) for k in RUN_MODEL_KEYS}
-
-
 def backbone_architecture(cfg: Config) -> ModelConfig:
     """The backbone's architecture: the HF checkpoint's config.json (only that file is read) + the YAML's
     RUN_MODEL_KEYS when starting from `init_from`, else the YAML model section (vocabulary as written there)."""
-    return model_config_from_hf(cfg.init_from, **run_model_keys(cfg)) if cfg.init_from else cfg.model
+    return model_config_from_hf(cfg.init_from, **cfg.model.run_keys()) if cfg.init_from else cfg.model
 
 
 def backbone_config(cfg: Config, tok: Tokenizer) -> ModelConfig:
@@ -181,7 +176,7 @@ def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
         from dlr_jax.convert import load_hf
         from dlr_jax.models.latent_lm import grow_vocab
 
-        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, **run_model_keys(cfg))
+        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, **cfg.model.run_keys())
         if model.cfg.vocab_size < tok.text_vocab_size:
             grow_vocab(model, tok.text_vocab_size, cfg.mesh.rules)
         return model
