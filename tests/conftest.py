@@ -11,8 +11,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 from tests.xla_env import compile_flags  # noqa: E402
 
-if compile_flags() not in os.environ["XLA_FLAGS"].split():  # the caller's own level is already there
-    os.environ["XLA_FLAGS"] += " " + compile_flags()
+for _flag in compile_flags():
+    if _flag not in os.environ["XLA_FLAGS"].split():  # the caller's own setting is already there
+        os.environ["XLA_FLAGS"] += " " + _flag
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
