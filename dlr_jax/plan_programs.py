@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dlr_jax.config import Config, ConfigError
+from dlr_jax.config import Config
 from dlr_jax.sharding import logical_to_spec, state_shardings
 from dlr_jax.stages.common import backbone_architecture, pretrained_tokenizer
 from dlr_jax.tokens import TOKENIZER_FILE
@@ -162,23 +162,13 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
 
 
 def plans_dual_branch(cfg: Config) -> bool:
-    """Whether sft trains the dual branch, decided as `stages.sft.resolve_dual_branch` decides it once the
-    codebook stage has run (refusing what it refuses): `auto` is on for latents from a from-scratch codebook
-    (its character decoder), off for a DeepSeek-OCR-2 one (codebook.init_from / codebook.pretrained)."""
-    mode, lat = cfg.latent.dual_branch, cfg.latent
+    """Whether sft trains the dual branch once the codebook stage has run: `stages.sft.dual_branch_on` for the
+    codebook this config makes (DeepSeek-OCR-2 with codebook.init_from / codebook.pretrained, else from scratch),
+    refusing what sft refuses."""
+    from dlr_jax.stages.sft import dual_branch_on
+
     ocr2 = bool(cfg.codebook.init_from) or cfg.codebook.pretrained
-    if mode == "off" or (mode == "auto" and (lat.source != "codebook" or ocr2)):
-        return False
-    if lat.source != "codebook":
-        raise ConfigError(f"latent.dual_branch=on needs latent.source=codebook (got {lat.source!r}): random ids "
-                          "carry no CoT for the OCR decoder to read back (sft refuses this)")
-    if ocr2:
-        raise ConfigError("latent.dual_branch=on trains the character OCR decoder, but codebook.init_from fine-tunes "
-                          "DeepSeek-OCR-2 (sft refuses this); set latent.dual_branch=auto or off")
-    if cfg.data.pack:
-        raise ConfigError(f"the sft dual branch (latent.dual_branch={mode}) needs one example per row (sft refuses "
-                          "packed rows): set data.pack=false, or latent.dual_branch=off")
-    return True
+    return dual_branch_on(cfg, "ocr2" if ocr2 else "codebook", "the codebook stage this config runs")
 
 
 def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):

@@ -30,7 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.checkpoint import read_meta, save_params
-from dlr_jax.config import Config
+from dlr_jax.config import Config, ConfigError
 from dlr_jax.files import MissingStageError, write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
@@ -113,44 +113,49 @@ class DualBranch:
         return model.lm
 
 
+def dual_branch_on(cfg: Config, codebook_kind: str | None, where: str, workdir: str | Path | None = None) -> bool:
+    """Whether sft trains the dual branch, given the codebook stage's model (`codebook_kind`: "ocr2" for a
+    DeepSeek-OCR-2 one, any other kind for the from-scratch model with its character decoder, None when
+    the stage has not run). `auto` is on for codebook latents of a from-scratch codebook; `on` where it
+    cannot run raises ConfigError (MissingStageError without a codebook stage), naming `where` (the
+    codebook's folder, or what stands for it). The stage and the planner (plan_programs) both decide here."""
+    mode, source = cfg.latent.dual_branch, cfg.latent.source
+    if mode == "off" or (mode == "auto" and (codebook_kind in (None, "ocr2") or source != "codebook")):
+        return False
+    if codebook_kind is None:
+        raise MissingStageError(
+            f"{where}: latent.dual_branch=on needs the codebook stage's OCR decoder; run `python -m dlr_jax.train "
+            f"--stage codebook{'' if workdir is None else f' --workdir {workdir}'}` first, or set "
+            "latent.dual_branch=auto"
+        )
+    if source != "codebook":
+        raise ConfigError(f"latent.dual_branch=on needs latent.source=codebook (got {source!r}): random ids carry "
+                          "no CoT for the OCR decoder to read back")
+    if codebook_kind == "ocr2":
+        raise ConfigError(
+            f"{where}: latent.dual_branch=on trains the character OCR decoder, but this codebook is DeepSeek-OCR-2 "
+            "(codebook.init_from); set latent.dual_branch=off (an existing workdir: --set latent.dual_branch=off "
+            "--set run.allow_config_change=true), or start the workdir with latent.dual_branch=auto"
+        )
+    if cfg.data.pack:
+        raise ConfigError(f"the sft dual branch (latent.dual_branch={mode}, decoder in {where}) needs one example "
+                          "per row: set data.pack=false, or latent.dual_branch=off")
+    return True
+
+
 def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
-    """latent.dual_branch: off -> None; auto -> on iff <workdir>/codebook/final exists and
-    latent.source=codebook; on -> required (clear errors when it cannot run)."""
-    mode = cfg.latent.dual_branch
-    if mode == "off":
-        return None
+    """latent.dual_branch (see `dual_branch_on`) for `workdir`: the branch to train, or None."""
     cb_dir = final_dir(workdir, "codebook")
     have = (cb_dir / "meta.json").is_file()
-    if mode == "auto" and not (have and cfg.latent.source == "codebook"):
-        return None
-    if not have:
-        raise MissingStageError(
-            f"{cb_dir / 'meta.json'}: latent.dual_branch=on needs the codebook stage's OCR decoder; run "
-            f"`python -m dlr_jax.train --stage codebook --workdir {workdir}` first, or set latent.dual_branch=auto"
-        )
-    if cfg.latent.source != "codebook":
-        raise ValueError(
-            f"latent.dual_branch=on needs latent.source=codebook (got {cfg.latent.source!r}): random ids carry "
-            "no CoT for the OCR decoder to read back"
-        )
-    meta = read_meta(cb_dir)["model"]
-    if meta.get("kind") == "ocr2":  # the branch trains the from-scratch character decoder (models/dual_branch.py)
-        if mode == "auto":
+    kind = (read_meta(cb_dir)["model"].get("kind") or "codebook") if have else None
+    where = str(cb_dir if have else cb_dir / "meta.json")
+    if not dual_branch_on(cfg, kind, where, workdir):
+        if kind == "ocr2" and cfg.latent.dual_branch == "auto" and cfg.latent.source == "codebook":
             print(f"[sft] dual branch off: {cb_dir} is a DeepSeek-OCR-2 codebook (the branch needs the character "
                   "OCR decoder)", flush=True)
-            return None
-        raise ValueError(
-            f"{cb_dir}: latent.dual_branch=on trains the character OCR decoder, but this codebook stage fine-tuned "
-            "DeepSeek-OCR-2 (codebook.init_from); rerun sft with --set latent.dual_branch=off --set "
-            "run.allow_config_change=true (or start the workdir with latent.dual_branch=auto)"
-        )
-    if cfg.data.pack:  # after the OCR-2 case: there `auto` turns the branch off, packed rows or not
-        raise ValueError(
-            f"the sft dual branch (latent.dual_branch={mode}, decoder in {cb_dir}) needs one example per row: "
-            "set data.pack=false, or latent.dual_branch=off"
-        )
+        return None
     check_render_view(cfg, workdir)
-    dcfg = CodebookModelConfig.from_dict(meta)
+    dcfg = CodebookModelConfig.from_dict(read_meta(cb_dir)["model"])
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout),
                       cfg.codebook.render_view)
 
