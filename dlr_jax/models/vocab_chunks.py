@@ -29,7 +29,7 @@ LOGITS_BUDGET = 2**27
 
 class TokenStats(NamedTuple):
     logp: Float[Array, "b t"]  # log_softmax(masked logits / T)[target]
-    correct: Float[Array, "b t"]  # 1.0 where argmax(logits) == target
+    correct: Float[Array, "b t"]  # 1.0 where the target's logit is the largest (ties count)
     entropy: Float[Array, "b t"] | None  # of softmax(masked logits / T); no gradient
 
 
@@ -46,7 +46,10 @@ def _stats(model: Any, h: jax.Array, targets: jax.Array, vocab_mask: Any, fill: 
     logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)
     tgt = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    out = (tgt - lse, (jnp.argmax(logits, -1) == targets).astype(jnp.float32))
+    # a hit: the target's logit is the largest. Not argmax == target: XLA:CPU runs argmax as a (value, index)
+    # reduce over the vocabulary, ~4 % of the tiny config's SFT step, where a max is shared with the logsumexp;
+    # they differ only on exact ties, which this counts as hits.
+    out = (tgt - lse, (tgt >= jnp.max(logits, axis=-1)).astype(jnp.float32))
     if entropy:  # reported only: no gradient (and none of 0 * -inf on masked rows)
         la = jax.lax.stop_gradient(logits - lse[..., None])
         out += (-jnp.sum(jnp.where(jnp.isfinite(la), jnp.exp(la) * la, 0.0), axis=-1),)
@@ -68,7 +71,7 @@ def token_stats(
     """Per-position statistics of `targets` under `model.logits_from_hidden(h)` (see module doc).
 
     vocab_mask: False rows get `fill` (-inf: never predicted; a large negative finite value keeps
-    argmax well defined on all-masked rows). chunk: positions per chunk (None: from LOGITS_BUDGET,
+    the log-probs finite on all-masked rows). chunk: positions per chunk (None: from LOGITS_BUDGET,
     which needs `vocab_size`, else one chunk)."""
     b, t, _ = h.shape
     vm = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)
