@@ -163,8 +163,10 @@ def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Prog
         tcfg, n = cfg.train.rl, n_rl or n_train
     else:
         tcfg, n = cfg.codebook.train, n_train
-    epochs = tcfg.num_epochs or (tcfg.num_steps * prog.steps_per_epoch_examples / n)
-    steps = math.ceil(epochs * n / prog.steps_per_epoch_examples)
+    # an RL step takes rl.num_prompts prompts (as the stage's schedule counts them), not one update's batch
+    per = cfg.rl.num_prompts if stage == "rl" else prog.steps_per_epoch_examples
+    epochs = tcfg.num_epochs or (tcfg.num_steps * per / n)
+    steps = math.ceil(epochs * n / per)
     if stage == "rl":  # each RL step runs mu updates over its rollout batch
         steps *= cfg.rl.inner_epochs * cfg.rl.num_prompts * cfg.rl.group_size // cfg.train.rl.batch_size
     total = steps * flops_per_step
@@ -267,6 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape = parse_mesh_spec(a.mesh)
     except ValueError as e:
         ap.error(f"--mesh {a.mesh!r}: expected data=N,fsdp=N,tensor=N ({e})")
+    if any(shape[k] < 1 for k in MESH_AXES):  # the config's `-1` / `0` (all the devices) means nothing here
+        ap.error(f"--mesh {a.mesh!r}: a plan's mesh is explicit, every size >= 1 (-1 and 0 mean \"the devices "
+                 "present\" in a run's config; a plan has none): e.g. data=1,fsdp=8,tensor=1")
+    if a.search and not math.isfinite(TARGETS[a.device].peak_flops):
+        ap.error(f"--search ranks plans by their roofline step time, and --device {a.device} has no roofline "
+                 "(no peak FLOP/s or bandwidth): search for h100, h200 or tpu-v5p, or plan one shape without "
+                 "--search")
     try:
         return _run(a, shape)
     # a bad config, a checkpoint file it names that is missing or unreadable, or no compiler for the target: say

@@ -1,12 +1,12 @@
 """`python -m dlr_jax.train --stage S --config C --workdir W [--set k=v ...]`
 
-Stages (DESIGN.md §1–3), each reading the previous stage's final checkpoint from the same workdir:
-  codebook  render CoTs, train encoder + VQ + OCR decoder            (issue: codebook)
-  export    write latents/<split>.jsonl with each example's latent ids (issue: codebook)
+Stages (README "CLI overview"), each reading the previous stage's final checkpoint from the same workdir:
+  codebook  render CoTs, train encoder + VQ + OCR decoder (or fine-tune DeepSeek-OCR-2: codebook.init_from)
+  export    write latents/<split>.jsonl with each example's latent ids
   textsft   text-only baselines: CoT-SFT and Direct-SFT (--mode cot|direct|both; direct_from_cot: a control)
   align     backbone frozen, train the latent projectors on [z ; y]
   sft       [x ; <latent> z </latent> <answer> a </answer>], everything trains
-  rl        latent GRPO                                             (issue: latent GRPO)
+  rl        latent GRPO (answer, format and process rewards)
   all       every available stage in order
 
 Runs resume: rerunning the same command continues from the last checkpoint of the stage.
@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = resolve_config(args.config, args.workdir, args.overrides)
         check_counts(cfg, args.steps)  # before anything is written (preflight.py)
+        if not args.print_config:  # the checkpoint's files too (jax is imported from here on)
+            from dlr_jax.stages.common import check_init_from
+
+            check_init_from(cfg, args.stage, args.workdir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

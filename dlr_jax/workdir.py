@@ -221,11 +221,28 @@ def config_diff(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
     return {k: (a.get(k), b.get(k)) for k in keys if a.get(k) != b.get(k) and not k.startswith(IGNORED)}
 
 
+def holds_results(workdir: str | Path) -> bool:
+    """Whether anything in `workdir` was made under its recorded config (a tokenizer, a stage's folder...):
+    anything beyond config.yaml, the lock and the change log."""
+    return any(p.name not in ("config.yaml", LOCK_NAME, CHANGES_NAME) for p in Path(workdir).iterdir())
+
+
 def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any, Any]]:
     """Raises ConfigChangeRefused if `cfg` may not run in `workdir`; returns the (allowed) changes.
     Reads only."""
     f = Path(workdir) / "config.yaml"
     if not f.is_file():
+        return {}
+    if not holds_results(workdir):
+        # a first run that stopped before writing anything (a missing checkpoint file, a refused value): the
+        # recorded config binds nothing yet, so the corrected command starts over instead of being refused
+        try:
+            same = not config_diff(load_config(f), cfg)
+        except ConfigError:
+            same = False
+        if not same:
+            print(f"[dlr_jax] {workdir}: no stage has written anything yet; {f.name} is replaced by this run's "
+                  "config", flush=True)
         return {}
     try:
         recorded = load_config(f)
@@ -241,7 +258,7 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
         raise ConfigChangeRefused(
             f"{workdir} was built with another model/tokenizer/data config; refusing to change "
             f"{show(unsafe)}. Its checkpoints and tokenizer belong to the recorded values ({f}): use a new "
-            "--workdir (or --init-from a finished stage)."
+            "--workdir."
             + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
         )
     flagged = {k: v for k, v in safe.items()

@@ -12,5 +12,5 @@ quote() { [ "$#" -eq 0 ] || printf '%q ' "$@"; }  # printf alone would print '' 
 extra=$(quote "$@")
 config_args "$config"
 cfg=$(quote ${CFG_ARGS[@]+"${CFG_ARGS[@]}"})
-remote="cd ~/dlr_jax && python -m dlr_jax.train --stage $stage $cfg--workdir $workdir --set mesh.rules=tpu $extra"
+remote="cd ~/dlr_jax && python -m dlr_jax.train --stage $(quote "$stage")$cfg--workdir $(quote "$workdir")--set mesh.rules=tpu $extra"
 run -- gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command "$remote"

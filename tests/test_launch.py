@@ -4,6 +4,7 @@ recipe writes a trace that opens in XProf / TensorBoard."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,32 @@ def test_config_dash_means_the_config_the_workdir_recorded():
     pod = _sh("launch/tpu_pod.sh", "--dry-run", "rl", "-", "/mnt/w", env={"TPU_NAME": "pod", "ZONE": "z"})
     assert pod.returncode == 0 and "--config" not in pod.stdout and "\\'\\'" not in pod.stdout  # no empty '' argument
     assert "--stage\\ rl\\ --workdir\\ /mnt/w\\ --set\\ mesh.rules=tpu" in pod.stdout
+
+
+def test_help_prints_the_script_s_header_and_runs_nothing():
+    for script in SCRIPTS:
+        if script.name.startswith("_"):
+            continue
+        for flag in ("--help", "-h"):
+            out = _sh(str(script.relative_to(ROOT)), flag, env={"PYTHON": "false"})  # nothing may run
+            assert out.returncode == 0 and out.stderr == "", (script.name, out.stderr)
+            assert f"launch/{script.name}" in out.stdout and "#" not in out.stdout.splitlines()[0], script.name
+
+
+def test_tpu_pod_quotes_the_workdir_in_the_remote_command():
+    out = _sh("launch/tpu_pod.sh", "--dry-run", "sft", "-", "/mnt/my W", env={"TPU_NAME": "pod", "ZONE": "z"})
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout)  # the local shell's words; the worker's shell splits the --command string again
+    remote = shlex.split(argv[argv.index("--command") + 1])
+    assert remote[remote.index("--workdir") + 1] == "/mnt/my W"
+
+
+def test_slurm_without_scontrol_refuses_a_compressed_node_list():
+    env = {"SLURM_JOB_NODELIST": "n[01-02]", "SLURM_NTASKS": "2", "PATH": "/usr/bin:/bin"}
+    out = _sh("launch/slurm.sh", "--dry-run", "sft", "c.yaml", "w", env=env)
+    assert out.returncode == 2 and "cannot expand SLURM_JOB_NODELIST=n[01-02] without scontrol" in out.stderr
+    given = _sh("launch/slurm.sh", "--dry-run", "sft", "c.yaml", "w", env=env | {"DLR_COORDINATOR": "n01:999"})
+    assert given.returncode == 0 and "DLR_COORDINATOR=n01:" in given.stdout
 
 
 def test_profile_dry_run_sets_the_window_and_the_hlo_dump(tmp_path):

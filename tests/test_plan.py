@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import jax
@@ -89,6 +90,31 @@ def test_recipe_totals_sit_beside_the_papers(capsys):
     # GSM8K-Aug: 385,620 - 85,620 RL = 300,000 SFT examples, 3 epochs at 64 = 14,063 steps
     assert (r["stage_examples"], r["stage_steps"]) == (300_000, 14_063)
     assert r["paper_total_flops"] == 208e15 and r["stage_total_flops"] == pytest.approx(14_063 * r["flops_per_step"])
+
+
+def test_cli_refuses_a_run_s_mesh_sizes_and_a_search_without_a_roofline(capsys):
+    base = ["--config", str(ROOT / "configs" / "tiny.yaml"), "--stage", "align"]
+    for mesh in ("data=1,fsdp=-1,tensor=1", "data=1,fsdp=0,tensor=1"):
+        with pytest.raises(SystemExit) as e:
+            plan.main([*base, "--device", "h100", "--mesh", mesh])
+        assert e.value.code == 2 and "a plan's mesh is explicit" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # nothing to rank by: refused before any compile
+        plan.main([*base, "--device", "cpu", "--mesh", "data=1,fsdp=2,tensor=1", "--search"])
+    assert e.value.code == 2 and "--device cpu has no roofline" in capsys.readouterr().err
+
+
+def test_rl_totals_count_the_stage_s_steps_and_updates():
+    """An RL step takes rl.num_prompts prompts (the stage's schedule: `resolve_schedule(per_step=num_prompts)`)
+    and runs mu updates over its num_prompts x G rollouts; before, the plan divided by one update's batch."""
+    from dlr_jax.data.protocol import steps_for_epochs
+
+    cfg = load_config(ROOT / "configs" / "paper" / "gsm8k.yaml")
+    rl = cfg.rl
+    prog = types.SimpleNamespace(steps_per_epoch_examples=cfg.train.rl.batch_size)  # what the update program says
+    r = plan.stage_total_flops(cfg, "rl", 1.0, prog)
+    steps = steps_for_epochs(cfg.train.rl.num_epochs, 85_620, rl.num_prompts)  # what the stage runs: 42,810
+    updates = steps * rl.inner_epochs * rl.num_prompts * rl.group_size // cfg.train.rl.batch_size
+    assert (r["stage_examples"], steps, r["stage_steps"]) == (85_620, 42_810, updates) and updates == 171_240
 
 
 def test_tpu_slice_names():

@@ -34,6 +34,25 @@ def _tree_hash(d: Path) -> dict[str, str]:
             if p.is_file()}
 
 
+def _record(cfg, w: Path) -> None:
+    """`w` as a first run leaves it: the recorded config and something made under it (the tokenizer)."""
+    save_config(cfg, w / "config.yaml")
+    (w / "tokenizer").mkdir(exist_ok=True)
+
+
+def test_a_first_run_that_wrote_nothing_but_its_config_does_not_bind_the_workdir(tmp_path, capsys):
+    """A first run that stopped before making anything (a wrong init_from path, a refused value) left only
+    config.yaml: the corrected command replaces it instead of being refused. Once anything is there, refused."""
+    save_config(load_config(ROOT / "configs" / "tiny.yaml", ["init_from=/nowhere"]), tmp_path / "config.yaml")
+    fixed = load_config(ROOT / "configs" / "tiny.yaml", ["model.num_layers=3"])
+    assert check_config_change(fixed, tmp_path) == {}
+    assert "no stage has written anything yet; config.yaml is replaced" in capsys.readouterr().out
+    (tmp_path / "tokenizer").mkdir()
+    refused = r"refusing to change init_from: '/nowhere' -> None; model.num_layers: 2 -> 3.*use a new --workdir\.$"
+    with pytest.raises(ConfigChangeRefused, match=refused):
+        check_config_change(fixed, tmp_path)
+
+
 def test_lock_is_exclusive_and_names_the_holder(tmp_path):
     a = WorkdirLock(tmp_path).acquire()
     with pytest.raises(WorkdirLocked, match=f"pid {os.getpid()} on host {socket.gethostname()}"):
@@ -73,7 +92,7 @@ def test_a_workdir_from_before_codebook_pretrained_resumes_with_the_ocr2_recipe(
     # configs/codebook-ocr2.yaml now sets codebook.pretrained: true; a workdir it started earlier recorded false
     ocr2 = ROOT / "configs" / "codebook-ocr2.yaml"
     old = load_config(ocr2, ["codebook.init_from=/w/ocr2", "codebook.pretrained=false"])
-    save_config(old, tmp_path / "config.yaml")
+    _record(old, tmp_path)
     now = load_config(ROOT / "configs" / "codebook-ocr2.yaml", ["codebook.init_from=/w/ocr2"])
     assert check_config_change(now, tmp_path) == {"codebook.pretrained": (False, True)}
 
@@ -82,7 +101,7 @@ def test_a_checked_render_cache_joins_a_workdir_without_the_flag(tmp_path):
     """README's CLI overview: a codebook stage resumed with the corpus rendered once reads the very images it would
     draw (the cache is checked against the config), so adding the cache needs no flag; the change is logged."""
     base = load_config(ROOT / "configs" / "tiny.yaml")
-    save_config(base, tmp_path / "config.yaml")
+    _record(base, tmp_path)
     cached = load_config(ROOT / "configs" / "tiny.yaml", ["codebook.render_cache=runs/tiny_render"])
     assert check_config_change(cached, tmp_path) == {"codebook.render_cache": ("", "runs/tiny_render")}
     off = load_config(ROOT / "configs" / "tiny.yaml", ["latent.dual_branch=off"])
@@ -94,7 +113,7 @@ def test_a_checked_render_cache_joins_a_workdir_without_the_flag(tmp_path):
 
 def test_config_changes_need_the_flag_and_are_logged(tmp_path):
     base = load_config(ROOT / "configs" / "tiny.yaml")
-    save_config(base, tmp_path / "config.yaml")
+    _record(base, tmp_path)
     assert check_config_change(base, tmp_path) == {}
     lr = load_config(ROOT / "configs" / "tiny.yaml", ["train.sft.learning_rate=3e-4"])
     with pytest.raises(ConfigChangeRefused, match="train.sft.learning_rate: 0.001 -> 0.0003.*allow_config_change"):
@@ -123,7 +142,7 @@ def test_processes_learn_that_process_0_refused_the_run(tmp_path):
     """Multi-process: only process 0 locks and checks; it votes no when that fails, and the others,
     which would otherwise wait at the first collective for a process that exited, raise RunRefused."""
     base = load_config(ROOT / "configs" / "tiny.yaml")
-    save_config(base, tmp_path / "config.yaml")
+    _record(base, tmp_path)
     changed = load_config(ROOT / "configs" / "tiny.yaml", ["model.num_layers=3"])
     votes: list[bool] = []
 
@@ -146,7 +165,7 @@ def test_evaluation_settings_change_without_the_flag_and_are_logged(tmp_path):
     """No training stage reads eval.*: a run may resume under new evaluation settings (e.g. experiments that add
     benchmarks while seeds still train) with the change logged; anything else beside it still needs the flag."""
     base = load_config(ROOT / "configs" / "tiny.yaml")
-    save_config(base, tmp_path / "config.yaml")
+    _record(base, tmp_path)
     ev = load_config(ROOT / "configs" / "tiny.yaml", ["eval.benchmarks=[synthetic,synthetic_hard]"])
     assert check_config_change(ev, tmp_path) == {"eval.benchmarks": (["synthetic"], ["synthetic", "synthetic_hard"])}
     with open_run(ev, tmp_path):
@@ -161,7 +180,7 @@ def test_evaluation_settings_change_without_the_flag_and_are_logged(tmp_path):
 
 def test_turning_a_progress_bar_off_on_resume_needs_no_flag(tmp_path):
     base = load_config(ROOT / "configs" / "tiny.yaml")
-    save_config(base, tmp_path / "config.yaml")
+    _record(base, tmp_path)
     quiet = load_config(ROOT / "configs" / "tiny.yaml", ["train.sft.progress=false", "codebook.train.progress=false"])
     assert set(check_config_change(quiet, tmp_path)) == {"train.sft.progress", "codebook.train.progress"}
     with pytest.raises(ConfigChangeRefused, match="train.sft.num_steps"):

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dlr_jax.config import ConfigError
 from dlr_jax.data.records import Example
 from dlr_jax.files import write_text_atomic
 
@@ -36,16 +37,19 @@ def _rank(example_id: str, seed: int) -> bytes:
 def rl_count(n: int, rl_split: float) -> int:
     """Examples of n that go to RL: a fraction (< 1) or a count (>= 1) of them."""
     if rl_split < 0:
-        raise ValueError(f"data.rl_split must be >= 0, got {rl_split}")
+        raise ConfigError(f"data.rl_split must be >= 0, got {rl_split}")
     if rl_split == 0:
         return 0
     k = round(rl_split * n) if rl_split < 1 else int(rl_split)
     if rl_split >= 1 and rl_split != int(rl_split):
-        raise ValueError(f"data.rl_split={rl_split}: a count must be a whole number (a fraction must be < 1)")
+        raise ConfigError(f"data.rl_split={rl_split}: a count must be a whole number (a fraction must be < 1)")
     if not 0 < k < n:
-        raise ValueError(
+        # a count meant for a full training file (the paper's 85,620 of GSM8K-Aug's 385,620) on a smaller one
+        hint = (" (a count for a larger training file? GSM8K-Aug's full train set: `python -m dlr_jax.data.download "
+                "gsm8k_aug_full`; or set data.rl_split to a fraction < 1)") if rl_split >= 1 and k >= n else ""
+        raise ConfigError(
             f"data.rl_split={rl_split} leaves {k} of {n} training examples for RL and {n - k} for SFT; "
-            "both parts must be non-empty"
+            f"both parts must be non-empty{hint}"
         )
     return k
 

@@ -474,10 +474,20 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
 
 
 def _print_summary(r: dict[str, Any]) -> None:
+    """One line; the held-out figures are the ones the report has (a from-scratch codebook's greedy OCR: CER and
+    the final number; DeepSeek-OCR-2's: teacher-forced CE and token accuracy), none made up for the others."""
     h = r.get("held_out", {})
     rate = r["train_images_per_s"]
+
+    def pair(label: str, key: str, fmt: str, extra: str = "") -> str:
+        if f"{key}_true" not in h:
+            return ""
+        more = f" {extra}={h[f'{key}_{extra}']:{fmt}}" if extra and f"{key}_{extra}" in h else ""
+        return f"; {label} true={h[f'{key}_true']:{fmt}} shuffled={h[f'{key}_shuffled']:{fmt}}{more}"
+
+    held = (pair("held-out CER", "cer", ".3f", "continuous") + pair("final number read back", "final_number", ".3f")
+            + pair("held-out token CE", "ce", ".3f") + pair("token accuracy", "token_accuracy", ".3f"))
+    ppl = f"held-out={h['perplexity']:.1f} " if "perplexity" in h else ""
     print(f"[codebook] steps={r['steps']} K={r['K']} train {'n/a' if rate is None else f'{rate:.1f}'} images/s, render "
-          f"{r['render_images_per_s_one_thread']:.0f} images/s/thread; held-out CER true={h.get('cer_true', 0):.3f} "
-          f"shuffled={h.get('cer_shuffled', 0):.3f} continuous={h.get('cer_continuous', 0):.3f}; final number read "
-          f"back true={h.get('final_number_true', 0):.3f} shuffled={h.get('final_number_shuffled', 0):.3f}; perplexity "
-          f"held-out={h.get('perplexity', 0):.1f} train={r['train_sample']['perplexity']:.1f}", flush=True)
+          f"{r['render_images_per_s_one_thread']:.0f} images/s/thread{held}; perplexity {ppl}"
+          f"train={r['train_sample']['perplexity']:.1f}", flush=True)

@@ -16,14 +16,14 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.config import Config, ModelConfig, save_config
+from dlr_jax.config import Config, ConfigError, ModelConfig, save_config
 from dlr_jax.config.model import RUN_MODEL_KEYS as RUN_MODEL_KEYS  # public here too
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.files import write_text_atomic
-from dlr_jax.hf_config import model_config_from_hf
+from dlr_jax.hf_config import ConversionError, model_config_from_hf
 from dlr_jax.sharding import create_sharded, mesh_from_config
-from dlr_jax.tokens import Tokenizer, train_bpe
+from dlr_jax.tokens import TOKENIZER_FILE, Tokenizer, train_bpe
 from dlr_jax.workdir import recordable, stage_dir
 
 
@@ -35,6 +35,32 @@ def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
         save_config(recordable(cfg), w / "config.yaml")
     return w
 
+
+# Stages that read `init_from`'s weights (the latent stages build on the checkpoint, not on CoT-SFT).
+INIT_FROM_STAGES = ("textsft", "align", "sft", "all")
+
+
+def check_init_from(cfg: Config, stage: str, workdir: str | Path) -> None:
+    """With `init_from`, a stage that loads the checkpoint needs its config.json (a supported family), its
+    safetensors weights and, until the workdir has a tokenizer, its tokenizer.json (or `tokenizer.path`'s):
+    a ConfigError names what is missing before the workdir is touched. Only files are checked; no weight is read."""
+    if not cfg.init_from or stage not in INIT_FROM_STAGES:
+        return
+    d = Path(cfg.init_from)
+    layout = "a Hugging Face checkpoint folder: config.json, *.safetensors, tokenizer.json"
+    if not d.is_dir():
+        raise ConfigError(f"init_from={cfg.init_from}: no such folder (expected {layout})")
+    try:
+        model_config_from_hf(d)
+    except ConversionError as e:
+        raise ConfigError(f"init_from: {e}") from None
+    if not any(d.glob("*.safetensors")):
+        raise ConfigError(f"init_from={cfg.init_from}: no *.safetensors weights (expected {layout})")
+    tok = Path(cfg.tokenizer.path or cfg.init_from)
+    if not (Path(workdir) / "tokenizer").exists() and not (tok / TOKENIZER_FILE).is_file():
+        which = "tokenizer.path" if cfg.tokenizer.path else "init_from"
+        raise ConfigError(f"{which}={tok}: no {TOKENIZER_FILE} (only fast Hugging Face tokenizers are supported; "
+                          "set tokenizer.path to a folder that has one)")
 
 def make_mesh_for(cfg: Config) -> Mesh:
     return mesh_from_config(cfg.mesh)

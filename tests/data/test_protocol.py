@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from dlr_jax.config import ConfigError
 from dlr_jax.data import protocol
 from dlr_jax.data.records import Example
 
@@ -33,8 +34,18 @@ def test_no_split_gives_every_stage_every_example():
 
 @pytest.mark.parametrize("bad", [-1, 10, 12, 2.5])
 def test_bad_split_sizes_are_errors(bad):
-    with pytest.raises(ValueError, match="rl_split"):
+    # ConfigErrors: `train` prints them as one line (exit 2)
+    with pytest.raises(ConfigError, match="rl_split"):
         protocol.split_sft_rl(_examples(10), bad)
+
+
+def test_a_count_for_the_full_file_on_a_subset_names_the_download():
+    """The paper recipe's 85,620 RL examples on GSM8K-Aug's 3,000-line subset (the full file not downloaded)."""
+    with pytest.raises(ConfigError, match="85620 of 3000 .*`python -m dlr_jax.data.download gsm8k_aug_full`"):
+        protocol.rl_count(3000, 85620)
+    with pytest.raises(ConfigError) as e:  # an RL part that leaves SFT nothing, for other reasons: no download hint
+        protocol.rl_count(10, 0.99)
+    assert "download" not in str(e.value)
 
 
 def test_cot_length_filter_counts_what_it_drops():

@@ -259,3 +259,19 @@ def test_warmup_whole_steps_follow_the_pieces(tmp_path, monkeypatch):
     cots = corpus_texts(cfg)
     assert plans[0] == [p for t in cots for p in rp.cot_pieces(t, 12)]
     assert plans[1] == cots
+
+
+def test_summary_line_prints_the_held_out_figures_the_report_has(capsys):
+    """A DeepSeek-OCR-2 codebook's report has teacher-forced CE and token accuracy, no CER: the line must not
+    print a CER of 0.000 (a perfect score) for the missing keys."""
+    from dlr_jax.stages.codebook import _print_summary
+
+    base = {"steps": 3, "K": 32, "train_images_per_s": None, "render_images_per_s_one_thread": 5000.0,
+            "train_sample": {"perplexity": 9.2}}
+    _print_summary(base | {"held_out": {"cer_true": 0.5, "cer_shuffled": 0.7, "cer_continuous": 0.4,
+                                        "final_number_true": 0.1, "final_number_shuffled": 0.0, "perplexity": 7.0}})
+    _print_summary(base | {"held_out": {"ce_true": 5.16, "ce_shuffled": 5.2, "token_accuracy_true": 0.0,
+                                        "token_accuracy_shuffled": 0.0, "perplexity": 3.0}})
+    scratch, ocr2 = capsys.readouterr().out.splitlines()
+    assert "held-out CER true=0.500 shuffled=0.700 continuous=0.400" in scratch and "token CE" not in scratch
+    assert "held-out token CE true=5.160 shuffled=5.200; token accuracy true=0.000" in ocr2 and "CER" not in ocr2
