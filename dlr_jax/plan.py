@@ -107,7 +107,11 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     if prog.mesh is not None:  # the rollout decodes on the sampling copy's own layout
         out["run_mesh"] = {k: int(v) for k, v in prog.mesh.shape.items()}
     try:
-        vocab = latent_lm_abstract(cfg)[1].total_vocab_size if stage != "codebook" else None
+        vocab = None
+        if stage != "codebook":  # the latent LM's rows, and the text rows alone, each whole or split over `tensor`
+            lat, tensor = latent_lm_abstract(cfg)[1], mesh.shape.get("tensor", 1)
+            rows = {lat.total_vocab_size, lat.latent_offset}
+            vocab = rows | {r // tensor for r in rows if r % tensor == 0}
         values = largest_values(compiled.as_text(), k=10_000, vocab=vocab)
         out["largest_values"] = values[:8]
         out["vocab_values"] = [v for v in values if v["vocab_sized"]][:4]  # what the vocabulary costs

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from typing import Any
 
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
@@ -23,9 +24,12 @@ _SKIP_OPS = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "
              "after-all", "partition-id", "replica-id"}
 
 
-def largest_values(hlo_text: str, *, k: int = 8, vocab: int | None = None) -> list[dict[str, Any]]:
+def largest_values(hlo_text: str, *, k: int = 8, vocab: int | Collection[int] | None = None) -> list[dict[str, Any]]:
     """The k largest distinct (shape, op) values outside fusions: bytes, shape, dtype, HLO op, the JAX
-    op that made it, and whether a dimension is at least the vocabulary size (`vocab`)."""
+    op that made it, and whether a dimension is a vocabulary size (`vocab`: the sizes a program's vocabulary
+    dimension can have, e.g. the whole vocabulary and its shard on the tensor axis). Equal, not at least: a
+    token count or an MLP width as large as the vocabulary is not a vocabulary-sized value."""
+    vocab_dims = set() if vocab is None else {vocab} if isinstance(vocab, int) else set(vocab)
     seen: dict[tuple, dict[str, Any]] = {}
     comp = None
     for line in hlo_text.splitlines():
@@ -44,7 +48,7 @@ def largest_values(hlo_text: str, *, k: int = 8, vocab: int | None = None) -> li
         key = (dims, m.group(2), m.group(4))
         row = {"bytes": nbytes, "shape": list(dims), "dtype": m.group(2), "hlo_op": m.group(4),
                "op_name": op.group(1)[-120:] if op else "", "count": 1,
-               "vocab_sized": bool(vocab and any(d >= vocab for d in dims))}
+               "vocab_sized": any(d in vocab_dims for d in dims)}
         if key in seen:
             seen[key]["count"] += 1
         else:

@@ -44,6 +44,9 @@ def test_sft_plan_flops_match_6N_plus_attention(layers):
     assert r["tokens_per_step"] == 16 * 64 and r["loops_counted_once"] == 0
     assert r["peak_bytes"] > 0 and not r["deviceless"]
     assert any("not a stand-in" in n for n in r["notes"])
+    # the values are itemised and the vocabulary-sized ones found (the embedding's rows: vocab x hidden)
+    assert r["largest_values"] and not any("not itemised" in n for n in r["notes"])
+    assert any(vocab in v["shape"] for v in r["vocab_values"])
 
 
 @pytest.mark.parametrize("stage", ["rl", "rollout", "codebook", "align"])
