@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--stage and --workdir are required (unless --print-config)")
     if args.mode == "direct_from_cot" and args.stage != "textsft":
         ap.error("--mode direct_from_cot is a textsft control: run it as its own --stage textsft, after CoT-SFT")
+    if args.print_config and args.config is None and args.workdir is None:
+        ap.error("--print-config needs --config (or --workdir of a run, to print its recorded config)")
     try:
         if args.print_config and args.workdir is None:
             cfg = load_config(args.config, args.overrides)

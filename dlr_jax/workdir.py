@@ -201,10 +201,14 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def recordable(cfg: Config) -> Config:
+def recordable(cfg: Config, workdir: str | Path | None = None) -> Config:
     """`cfg` as a workdir records it: without run.allow_config_change, which permits the one run that was given it
-    (recorded, every later run resuming from config.yaml would be allowed any change)."""
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, allow_config_change=False))
+    (recorded, every later run resuming from config.yaml would be allowed any change), and with run.workdir the
+    folder it is recorded in (the YAML's value is whatever the file said; the command line's --workdir wins)."""
+    run = dataclasses.replace(cfg.run, allow_config_change=False)
+    if workdir is not None:
+        run = dataclasses.replace(run, workdir=str(workdir))
+    return dataclasses.replace(cfg, run=run)
 
 
 def is_unsafe(key: str) -> bool:

@@ -94,6 +94,13 @@ def test_print_config_applies_overrides_and_needs_no_workdir():
     assert printed["train"]["sft"]["profile_steps"] == "10:15"  # a string field keeps the text (not 615)
 
 
+def test_print_config_without_a_config_or_a_workdir_is_refused(capsys):
+    """It would print the built-in defaults, which no run uses (a run without --config refuses too)."""
+    with pytest.raises(SystemExit) as e:
+        train.main(["--print-config"])
+    assert e.value.code == 2 and "--print-config needs --config" in capsys.readouterr().err
+
+
 def test_stage_and_workdir_still_required_without_print_config(capsys):
     with pytest.raises(SystemExit):
         train.main(["--config", str(CONFIGS / "tiny.yaml")])

@@ -238,3 +238,11 @@ def test_cli_second_writer_fails_fast_naming_the_holder(used_workdir):
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
+
+
+def test_the_recorded_config_names_its_own_workdir(tmp_path):
+    from dlr_jax.stages.common import prepare_workdir
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")  # run.workdir: the YAML's default, runs/tiny
+    prepare_workdir(cfg, tmp_path / "w")
+    assert load_config(tmp_path / "w" / "config.yaml").run.workdir == str(tmp_path / "w")

@@ -32,7 +32,7 @@ def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
     w = Path(workdir)
     w.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:  # one writer; every process holds the same cfg
-        save_config(recordable(cfg), w / "config.yaml")
+        save_config(recordable(cfg, w), w / "config.yaml")
     return w
 
 
