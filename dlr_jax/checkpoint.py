@@ -4,6 +4,7 @@ mesh. (Training checkpoints with optimizer and data state live in trainer.py.)""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,14 @@ def configure_orbax() -> None:
     old = th.get_type_handler(jax.Array)
     if getattr(old, "_min_slice_bytes_for_replica_parallel", None) != least:
         store = getattr(old, "_array_metadata_store", None)
-        th.register_type_handler(jax.Array, th.ArrayHandler(min_slice_bytes_for_replica_parallel=least,
-                                                            array_metadata_store=store), override=True)
+        absl = logging.getLogger("absl")  # Orbax warns of every override, once per process: a line in every stage's log
+        level = absl.level
+        absl.setLevel(logging.ERROR)
+        try:
+            th.register_type_handler(jax.Array, th.ArrayHandler(min_slice_bytes_for_replica_parallel=least,
+                                                                array_metadata_store=store), override=True)
+        finally:
+            absl.setLevel(level)
 
 
 def save_params(model: nnx.Module, out_dir: str | Path, meta: Mapping[str, Any] | None = None) -> Path:
