@@ -109,7 +109,8 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     try:
         vocab = None
         if stage != "codebook":  # the latent LM's rows, and the text rows alone, each whole or split over `tensor`
-            lat, tensor = latent_lm_abstract(cfg)[1], mesh.shape.get("tensor", 1)
+            # the rollout decodes on its own (sampling) mesh, with its own tensor split
+            lat, tensor = latent_lm_abstract(cfg)[1], (prog.mesh or mesh).shape.get("tensor", 1)
             rows = {lat.total_vocab_size, lat.latent_offset}
             vocab = rows | {r // tensor for r in rows if r % tensor == 0}
         values = largest_values(compiled.as_text(), k=10_000, vocab=vocab)

@@ -3,8 +3,8 @@
 - `check_counts(cfg)`: counts and intervals that must be >= 1 (steps, batch sizes, log/checkpoint
   intervals, group sizes...). A negative `num_steps` used to "train" 0 steps and save `final/`,
   `checkpoint_every=0` died with ZeroDivisionError after compiling.
-- `stages.common.check_init_from(cfg, stage, workdir)`: the files of the `init_from` checkpoint a stage loads
-  (config.json, safetensors, tokenizer.json).
+- (Not here: `stages.common.check_init_from` checks the files of the `init_from` checkpoint a stage loads, and
+  `stages.common.prepare_workdir` the SFT/RL split's size, before the stage writes anything.)
 - The data: `dlr_jax.data.checks` (numeric golds, empty files) runs inside `load_benchmark`, and the
   stages read their data before they write anything.
 """
@@ -62,4 +62,3 @@ def check_train_config(cfg: TrainConfig, name: str, num_steps: int | None = None
         bad.append(f"num_steps={steps}")
     if bad:
         raise ValueError(f"[{name}] must be >= 1: {', '.join(bad)}")
-

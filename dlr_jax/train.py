@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.print_config:  # the checkpoint's files too (jax is imported from here on)
             from dlr_jax.stages.common import check_init_from
 
-            check_init_from(cfg, args.stage, args.workdir)
+            check_init_from(cfg, args.stage, args.workdir, args.mode)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,8 @@
    sampling, evaluation, the mesh) are refused too unless `run.allow_config_change=true`; then each
    allowed change is appended to `<workdir>/config_changes.jsonl`, so the record says which steps
    ran under which values. Keys no training step reads (eval.*, a stage's progress bar) change without
-   the flag and are logged the same way.
+   the flag and are logged the same way. A workdir that holds nothing but its config.yaml (a first run
+   refused before it made anything) binds nothing: a corrected command replaces the recorded config.
 
 Multi-process runs: only process 0 takes the lock and checks the config (the others write through
 it); with a `vote`, every process learns whether process 0 started, so none waits alone at the first
@@ -227,8 +228,9 @@ def config_diff(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
 
 def holds_results(workdir: str | Path) -> bool:
     """Whether anything in `workdir` was made under its recorded config (a tokenizer, a stage's folder...):
-    anything beyond config.yaml, the lock and the change log."""
-    return any(p.name not in ("config.yaml", LOCK_NAME, CHANGES_NAME) for p in Path(workdir).iterdir())
+    anything beyond config.yaml, the lock and the change log (and dotfiles, which dlr_jax does not write)."""
+    own = ("config.yaml", LOCK_NAME, CHANGES_NAME, "lost+found")  # lost+found: a workdir that is a mount point
+    return any(p.name not in own and not p.name.startswith(".") for p in Path(workdir).iterdir())
 
 
 def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any, Any]]:
@@ -245,8 +247,8 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
         except ConfigError:
             same = False
         if not same:
-            print(f"[dlr_jax] {workdir}: no stage has written anything yet; {f.name} is replaced by this run's "
-                  "config", flush=True)
+            print(f"[dlr_jax] {workdir}: no stage has written anything yet; {f.name} will be replaced by this "
+                  "run's config when its stage starts", flush=True)
         return {}
     try:
         recorded = load_config(f)

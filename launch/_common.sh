@@ -4,7 +4,7 @@
 DRY_RUN=${DRY_RUN:-0}
 # -h / --help: the script's own header (its comment lines after the shebang), then stop
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,/^[^#]/{/^#[^!S]/s/^# \{0,1\}//p}' "$0"
+  sed -n '2,/^[^#]/{/^#[^!S]/s/^# \{0,1\}//p;/^#$/s/^#//p}' "$0"
   exit 0
 fi
 if [ "${1:-}" = "--dry-run" ]; then

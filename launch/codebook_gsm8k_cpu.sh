@@ -14,7 +14,7 @@
 # saved to WORKDIR/codebook/report.json; a copy per round goes to WORKDIR/report_<steps>.json.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, not a workdir named --help
-  sed -n '2,/^[^#]/{/^#[^!S]/s/^# \{0,1\}//p}' "$0"
+  sed -n '2,/^[^#]/{/^#[^!S]/s/^# \{0,1\}//p;/^#$/s/^#//p}' "$0"
   exit 0
 fi
 WORKDIR=${1:?usage: codebook_gsm8k_cpu.sh WORKDIR [ROUNDS]}

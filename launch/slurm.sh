@@ -24,6 +24,7 @@ if command -v scontrol >/dev/null 2>&1 && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
   head=$(scontrol show hostnames "$nodes" | head -n 1)
 elif [ -n "${DLR_COORDINATOR:-}" ]; then
   head=${DLR_COORDINATOR%:*}
+  DLR_PORT=${DLR_PORT:-${DLR_COORDINATOR##*:}}
 elif [[ $nodes == *[* ]]; then  # a compressed list (gpu[07-09]) needs scontrol to expand
   echo "slurm.sh: cannot expand SLURM_JOB_NODELIST=$nodes without scontrol; set DLR_COORDINATOR=host:port" >&2
   exit 2

@@ -56,6 +56,7 @@ def test_cli_overview_train_commands_pass_the_workdir_check_in_order(tmp_path):
         cfg = resolve_config(config, str(w), sets)
         check_config_change(cfg, w)  # raises ConfigChangeRefused, naming the keys, where a user would be refused
         save_config(recordable(cfg), w / "config.yaml")  # what prepare_workdir records for the next stage
+        (w / "tokenizer").mkdir(exist_ok=True)  # and what the stage makes: the recorded config now binds the workdir
 
 
 def test_full_scale_stages_pass_the_workdir_check_in_order(tmp_path):
@@ -68,4 +69,5 @@ def test_full_scale_stages_pass_the_workdir_check_in_order(tmp_path):
         cfg = resolve_config(config, str(w), sets)
         check_config_change(cfg, w)
         save_config(recordable(cfg), w / "config.yaml")
+        (w / "tokenizer").mkdir(exist_ok=True)
         assert cfg.init_from == "weights/qwen3-4b" and cfg.model.model_type == "qwen3"  # the backbone throughout

@@ -46,7 +46,9 @@ def test_a_first_run_that_wrote_nothing_but_its_config_does_not_bind_the_workdir
     save_config(load_config(ROOT / "configs" / "tiny.yaml", ["init_from=/nowhere"]), tmp_path / "config.yaml")
     fixed = load_config(ROOT / "configs" / "tiny.yaml", ["model.num_layers=3"])
     assert check_config_change(fixed, tmp_path) == {}
-    assert "no stage has written anything yet; config.yaml is replaced" in capsys.readouterr().out
+    assert "no stage has written anything yet; config.yaml will be replaced" in capsys.readouterr().out
+    (tmp_path / ".DS_Store").write_text("")  # a dotfile is not a result
+    assert check_config_change(fixed, tmp_path) == {}
     (tmp_path / "tokenizer").mkdir()
     refused = r"refusing to change init_from: '/nowhere' -> None; model.num_layers: 2 -> 3.*use a new --workdir\.$"
     with pytest.raises(ConfigChangeRefused, match=refused):

@@ -27,8 +27,14 @@ from dlr_jax.tokens import TOKENIZER_FILE, Tokenizer, train_bpe
 from dlr_jax.workdir import recordable, stage_dir
 
 
-def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
-    """Creates the workdir and records the resolved config (the one that ran)."""
+def prepare_workdir(cfg: Config, workdir: str | Path, train: list[Example] | None = None) -> Path:
+    """Creates the workdir and records the resolved config (the one that ran). `train`: the training examples of
+    a stage that splits them into SFT and RL parts, whose sizes are checked first (a count meant for a larger
+    file would otherwise stop the stage after its tokenizer was written, binding the workdir to the config)."""
+    if train is not None:
+        from dlr_jax.data.protocol import rl_count
+
+        rl_count(len(train), cfg.data.rl_split)
     w = Path(workdir)
     w.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:  # one writer; every process holds the same cfg
@@ -36,15 +42,22 @@ def prepare_workdir(cfg: Config, workdir: str | Path) -> Path:
     return w
 
 
-# Stages that read `init_from`'s weights (the latent stages build on the checkpoint, not on CoT-SFT).
-INIT_FROM_STAGES = ("textsft", "align", "sft", "all")
+def reads_init_from(cfg: Config, stage: str, mode: str = "both") -> bool:
+    """Whether `stage` loads `init_from`'s weights: textsft (not the direct_from_cot control, which starts from
+    CoT-SFT), align (the latent LM is built on the checkpoint), rl when the process reward's evaluator is the
+    backbone; sft and the others start from earlier stages' outputs."""
+    if stage == "textsft":
+        return mode != "direct_from_cot"
+    if stage == "rl":
+        return cfg.rl.evaluator == "backbone" and cfg.rl.process_weight > 0
+    return stage in ("align", "all")
 
 
-def check_init_from(cfg: Config, stage: str, workdir: str | Path) -> None:
+def check_init_from(cfg: Config, stage: str, workdir: str | Path, mode: str = "both") -> None:
     """With `init_from`, a stage that loads the checkpoint needs its config.json (a supported family), its
     safetensors weights and, until the workdir has a tokenizer, its tokenizer.json (or `tokenizer.path`'s):
     a ConfigError names what is missing before the workdir is touched. Only files are checked; no weight is read."""
-    if not cfg.init_from or stage not in INIT_FROM_STAGES:
+    if not cfg.init_from or not reads_init_from(cfg, stage, mode):
         return
     d = Path(cfg.init_from)
     layout = "a Hugging Face checkpoint folder: config.json, *.safetensors, tokenizer.json"
@@ -57,10 +70,11 @@ def check_init_from(cfg: Config, stage: str, workdir: str | Path) -> None:
     if not any(d.glob("*.safetensors")):
         raise ConfigError(f"init_from={cfg.init_from}: no *.safetensors weights (expected {layout})")
     tok = Path(cfg.tokenizer.path or cfg.init_from)
-    if not (Path(workdir) / "tokenizer").exists() and not (tok / TOKENIZER_FILE).is_file():
+    if not (Path(workdir) / "tokenizer" / TOKENIZER_FILE).is_file() and not (tok / TOKENIZER_FILE).is_file():
         which = "tokenizer.path" if cfg.tokenizer.path else "init_from"
         raise ConfigError(f"{which}={tok}: no {TOKENIZER_FILE} (only fast Hugging Face tokenizers are supported; "
                           "set tokenizer.path to a folder that has one)")
+
 
 def make_mesh_for(cfg: Config) -> Mesh:
     return mesh_from_config(cfg.mesh)

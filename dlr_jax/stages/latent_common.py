@@ -114,7 +114,7 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     from dlr_jax.trainer import Trainer
 
     train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
-    common.prepare_workdir(cfg, workdir)
+    common.prepare_workdir(cfg, workdir, train)
     tok = common.get_tokenizer(cfg, workdir, train)
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)

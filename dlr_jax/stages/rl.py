@@ -349,7 +349,7 @@ def run(
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
     examples = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
-    common.prepare_workdir(cfg, workdir)
+    common.prepare_workdir(cfg, workdir, examples)
     tok = common.get_tokenizer(cfg, workdir, examples)
     examples = common.stage_examples(cfg, workdir, "rl", tok, examples)
     if rl.prompt_pool > 0:

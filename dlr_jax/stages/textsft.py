@@ -39,7 +39,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
                                 f"model; run `python -m dlr_jax.train --stage textsft --mode cot --workdir {workdir}` "
                                 "first")
     train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
-    common.prepare_workdir(cfg, workdir)
+    common.prepare_workdir(cfg, workdir, train)
     tok = common.get_tokenizer(cfg, workdir, train)
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)

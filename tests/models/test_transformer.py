@@ -142,7 +142,6 @@ def test_gradient_has_no_activation_sized_transposes():
     gradients contract one dim, so XLA:CPU feeds the activation gradients to the matmul as they are.
     A 3-D einsum here made it write every MLP activation gradient transposed first (a quarter of an
     SFT step's op time in the `train` benchmark's profile)."""
-
     cfg = dataclasses.replace(CFG, hidden_size=32, intermediate_size=96, num_heads=4, num_kv_heads=2)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     g, st = nnx.split(model)
@@ -170,7 +169,6 @@ def test_cached_decode_step_neither_transposes_nor_copies_the_cache():
     every token: a quarter of the decode loop's op time. (Reading the slice out of the stacked cache is
     still a dynamic-slice fusion, i.e. a copy; the sampler's loop avoids that with per-layer buffers:
     tests/test_sampling.py::test_decode_loop_reads_layer_weights_without_copying_them.)"""
-
     cfg = dataclasses.replace(CFG, num_heads=4, num_kv_heads=2, head_dim=16)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     g, st = nnx.split(model)

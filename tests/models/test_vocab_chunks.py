@@ -97,3 +97,14 @@ def test_embedding_lookup_does_not_all_gather_the_table():
     gathers = [line for line in txt.splitlines() if "all-gather(" in line]
     assert gathers and not any("f32[1024,64]" in g for g in gathers), gathers  # only the ids are gathered
     np.testing.assert_array_equal(out, np.asarray(state["embed"][...])[np.asarray(ids)])
+
+
+def test_a_hit_is_the_largest_finite_target_logit():
+    """`correct` (token accuracy): the target's logit is the largest (ties count, where argmax picks the first);
+    a masked (-inf) target is never a hit, not even on a row whose every logit is masked."""
+    from dlr_jax.models.vocab_chunks import _Precomputed
+
+    logits = jnp.asarray([[[1.0, 3.0, 3.0, 0.0], [2.0, 1.0, 0.0, 0.0], [-jnp.inf] * 4, [0.0, 5.0, 1.0, 2.0]]])
+    targets = jnp.asarray([[2, 0, 1, 3]])  # a tie at the max; the max; an all-masked row; not the max
+    got = token_stats(_Precomputed(), logits, targets)
+    np.testing.assert_array_equal(got.correct, [[1.0, 1.0, 0.0, 0.0]])
