@@ -2,14 +2,14 @@
 # (environment included) instead of running them.
 # shellcheck shell=bash
 DRY_RUN=${DRY_RUN:-0}
-# -h / --help: the script's own header (its comment lines after the shebang), then stop
-if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
-  sed -n '2,/^[^#]/{/^#[^!S]/s/^# \{0,1\}//p;/^#$/s/^#//p}' "$0"
-  exit 0
-fi
 if [ "${1:-}" = "--dry-run" ]; then
   DRY_RUN=1
   shift
+fi
+# -h / --help (after --dry-run too): the script's own header (its comment lines after the shebang), then stop
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,/^[^#]/{/^#[^!S]/s/^# \{0,1\}//p;/^#$/s/^#//p}' "$0"
+  exit 0
 fi
 # shellcheck disable=SC2034  # read by the sourcing script
 ARGS=("$@")
