@@ -108,8 +108,8 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         out["run_mesh"] = {k: int(v) for k, v in prog.mesh.shape.items()}
     try:
         vocab = None
-        if stage != "codebook":  # the latent LM's rows, and the text rows alone, each whole or split over `tensor`
-            # the rollout decodes on its own (sampling) mesh, with its own tensor split
+        if stage != "codebook":  # the latent LM's rows and its text rows, each whole or split over `tensor` (the
+            # rollout's own, on the sampling copy's mesh)
             lat, tensor = latent_lm_abstract(cfg)[1], (prog.mesh or mesh).shape.get("tensor", 1)
             rows = {lat.total_vocab_size, lat.latent_offset}
             vocab = rows | {r // tensor for r in rows if r % tensor == 0}

@@ -252,7 +252,6 @@ def build_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
 
 
 def codebook_program(cfg: Config, mesh: Mesh) -> Program:
-
     from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
     from dlr_jax.optimizer import make_optimizer, opt_state_shardings
     from dlr_jax.stages.codebook import main_phase_loss

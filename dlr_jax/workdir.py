@@ -239,21 +239,19 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
     f = Path(workdir) / "config.yaml"
     if not f.is_file():
         return {}
-    if not holds_results(workdir):
-        # a first run that stopped before writing anything (a missing checkpoint file, a refused value): the
-        # recorded config binds nothing yet, so the corrected command starts over instead of being refused
-        try:
-            same = not config_diff(load_config(f), cfg)
-        except ConfigError:
-            same = False
-        if not same:
-            print(f"[dlr_jax] {workdir}: no stage has written anything yet; {f.name} will be replaced by this "
-                  "run's config when its stage starts", flush=True)
-        return {}
     try:
         recorded = load_config(f)
     except ConfigError as e:
-        raise ConfigChangeRefused(f"{f}: the workdir's recorded config does not load ({e})") from None
+        recorded, error = None, e
+    if not holds_results(workdir):
+        # a first run that stopped before writing anything (a missing checkpoint file, a refused value): the
+        # recorded config binds nothing yet, so the corrected command starts over instead of being refused
+        if recorded is None or config_diff(recorded, cfg):
+            print(f"[dlr_jax] {workdir}: no stage has written anything yet; {f.name} will be replaced by this "
+                  "run's config when its stage starts", flush=True)
+        return {}
+    if recorded is None:
+        raise ConfigChangeRefused(f"{f}: the workdir's recorded config does not load ({error})")
     diff = config_diff(recorded, cfg)
     if not diff:
         return {}

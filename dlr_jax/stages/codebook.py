@@ -479,14 +479,14 @@ def _print_summary(r: dict[str, Any]) -> None:
     h = r.get("held_out", {})
     rate = r["train_images_per_s"]
 
-    def pair(label: str, key: str, fmt: str, extra: str = "") -> str:
+    def pair(label: str, key: str, extra: str = "") -> str:
         if f"{key}_true" not in h:
             return ""
-        more = f" {extra}={h[f'{key}_{extra}']:{fmt}}" if extra and f"{key}_{extra}" in h else ""
-        return f"; {label} true={h[f'{key}_true']:{fmt}} shuffled={h[f'{key}_shuffled']:{fmt}}{more}"
+        more = f" {extra}={h[f'{key}_{extra}']:.3f}" if extra and f"{key}_{extra}" in h else ""
+        return f"; {label} true={h[f'{key}_true']:.3f} shuffled={h[f'{key}_shuffled']:.3f}{more}"
 
-    held = (pair("held-out CER", "cer", ".3f", "continuous") + pair("final number read back", "final_number", ".3f")
-            + pair("held-out token CE", "ce", ".3f") + pair("token accuracy", "token_accuracy", ".3f"))
+    held = (pair("held-out CER", "cer", "continuous") + pair("final number read back", "final_number")
+            + pair("held-out token CE", "ce") + pair("token accuracy", "token_accuracy"))
     ppl = f"held-out={h['perplexity']:.1f} " if "perplexity" in h else ""
     print(f"[codebook] steps={r['steps']} K={r['K']} train {'n/a' if rate is None else f'{rate:.1f}'} images/s, render "
           f"{r['render_images_per_s_one_thread']:.0f} images/s/thread{held}; perplexity {ppl}"
