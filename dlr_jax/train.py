@@ -108,6 +108,16 @@ def _init_from_note(cfg: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _init_from_problem(cfg: Config, args: argparse.Namespace) -> str | None:
+    from dlr_jax.stages.common import check_init_from
+
+    try:
+        check_init_from(cfg, args.stage, args.workdir, args.mode)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m dlr_jax.train",
@@ -149,10 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = resolve_config(args.config, args.workdir, args.overrides)
         check_counts(cfg, args.steps)  # before anything is written (preflight.py)
-        if not args.print_config:  # the checkpoint's files too (jax is imported from here on)
-            from dlr_jax.stages.common import check_init_from
-
-            check_init_from(cfg, args.stage, args.workdir, args.mode)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -164,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
+        # the checkpoint's files, before anything is written, on every process: a host may lack them, and the
+        # others must then stop too instead of waiting for it at the first collective
+        problem = _init_from_problem(cfg, args)
+        if not all_processes_ok(problem is None):
+            print(f"error: {problem or 'another process of this run cannot use init_from (its log says why)'}",
+                  file=sys.stderr)
+            return 2
         enable_compile_cache()  # GPU/TPU: a rerun or the next stage reuses compiled steps (compile_cache.py)
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
             with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=all_processes_ok):

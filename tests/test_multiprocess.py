@@ -68,14 +68,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(workdir: Path, procs: int, stages: str = STAGES, sets: list[str] = SETS,
-           timeout: int = 540) -> tuple[list[int], list[str]]:
-    """`procs` ranks of tests/mp_driver.py, 8 // procs CPU devices each: their exit codes and outputs."""
+def _start(workdir: Path, procs: int, stages: str = STAGES, sets: list[str] = SETS, timeout: int = 540,
+           rank_sets: dict[int, list[str]] | None = None) -> tuple[list[int], list[str]]:
+    """`procs` ranks of tests/mp_driver.py, 8 // procs CPU devices each (rank i adds `rank_sets[i]` to `sets`):
+    their exit codes and outputs."""
     port, ranks = _free_port(), []
     for i in range(procs):
         env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(8 // procs))
         env |= {"DLR_COORDINATOR": f"127.0.0.1:{port}", "DLR_NUM_PROCESSES": str(procs), "DLR_PROCESS_ID": str(i)}
-        ranks.append(subprocess.Popen([sys.executable, "-m", "tests.mp_driver", str(workdir), stages, *sets], cwd=ROOT,
+        argv = [str(workdir), stages, *sets, *(rank_sets or {}).get(i, [])]
+        ranks.append(subprocess.Popen([sys.executable, "-m", "tests.mp_driver", *argv], cwd=ROOT,
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
     try:
@@ -170,3 +172,17 @@ def test_a_run_process_0_refuses_stops_every_process(prepared, tmp_path):
     assert "refusing to change model.num_layers: 1 -> 2" in outs[0]
     assert "process 0 did not start this run" in outs[1]
     assert not (w / "sft").exists()
+
+
+def test_a_host_without_the_checkpoint_stops_every_process(prepared, tmp_path):
+    """Every process checks `init_from`'s files (a host may lack them) before anything is written; one that
+    cannot read them must stop the others, not leave them waiting at the first collective until a timeout."""
+    w = tmp_path / "w"
+    shutil.copytree(prepared, w)
+    before = sorted(p.relative_to(w) for p in w.rglob("*"))
+    missing = tmp_path / "not_on_this_host"
+    codes, outs = _start(w, 2, stages="textsft", timeout=240, rank_sets={1: [f"init_from={missing}"]})
+    assert codes == [2, 2], outs
+    assert f"init_from={missing}: no such folder" in outs[1]
+    assert "another process of this run cannot use init_from" in outs[0]
+    assert sorted(p.relative_to(w) for p in w.rglob("*")) == before  # nothing written

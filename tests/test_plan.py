@@ -137,6 +137,27 @@ def test_deviceless_targets_compile_or_say_which_extra_is_missing(name, cfg):
     assert r["deviceless"] and r["fits"] and r["roofline_step_s"] > 0
 
 
+@pytest.mark.parametrize("hidden", [512, 1024])
+def test_h100_plans_a_bf16_model_with_a_real_vocabulary(hidden):
+    """jaxlib 0.10.2's deviceless XLA:GPU compile fails to tile some bf16 lm-head weight gradients in Triton: the
+    einsum form (attention.dense on GPU targets) avoids it at hidden 1024 and for the paper configs; where it
+    still fails (hidden 512), the plan falls back to cuBLAS GEMMs and says so, instead of an error row."""
+    try:
+        target_devices(TARGETS["h100"], 8)
+    except TargetUnavailable as e:
+        pytest.skip(f"h100 compiler not installed here ({e}); the plan-gpu extra provides it")
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [
+        *SMALL, "model.num_layers=1", f"model.hidden_size={hidden}", "model.intermediate_size=1024",
+        "model.dtype=bfloat16", "model.vocab_size=32000"])
+    r = plan.plan_once(cfg, "sft", TARGETS["h100"], MESH)
+    assert r["fits"] and r["roofline_step_s"] > 0
+    fell_back = plan.TRITON_FALLBACK_NOTE in r["notes"]
+    if hidden == 1024:  # the 2-D form (attention.dense on CPU) fails here: the einsum must not
+        assert not fell_back
+    if fell_back:  # XLA's cost analysis misses the cuBLAS calls: the bound is used instead of its scaled bytes
+        assert r["bytes_source"].startswith("lower bound")
+
+
 def _config_only(src: Path, dst: Path, names: tuple[str, ...] = ("config.json",)) -> Path:
     """A checkpoint directory holding only `names` of `src`: what a planner may read (no weights)."""
     dst.mkdir()

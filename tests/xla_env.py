@@ -9,13 +9,19 @@ Test programs are tiny, so compiling them costs more than running them, and two 
 Results may differ from the default build in the last bits (a reduction's order, an `exp`'s code), far
 inside the tests' tolerances; the suite passes either way. A setting already in $XLA_FLAGS wins, so
 `XLA_FLAGS="--xla_backend_optimization_level=3 --xla_cpu_use_fusion_emitters=true" pytest` (XLA's
-defaults) tests the code users run."""
+defaults) tests the code users run.
+
+With libtpu installed (the `tpu` extra, for the planner's deviceless TPU compiles) the second flag is left
+out: libtpu parses $XLA_FLAGS as well, and aborts the process on a flag its own build does not know."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
-_DEFAULTS = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
+_DEFAULTS = {"xla_backend_optimization_level": "0"}
+if importlib.util.find_spec("libtpu") is None:
+    _DEFAULTS["xla_cpu_use_fusion_emitters"] = "false"
 
 
 def compile_flags() -> list[str]:

@@ -60,11 +60,27 @@ def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
             "weights, tensor-parallel inside a host: 8 ways on the 8-GPU node, 4 ways x data 2 on v5p 2x2x2, whose "
             "chips sit on 2 hosts); the paper's RL figure covers rollouts, scoring and updates together. Stage totals "
             "count every "
-            "row at the full 256 tokens over the whole split (300k SFT examples x 3 epochs, 85,620 RL prompts); they "
-            "are 10-40x the paper's figures, whose sequence lengths and backbone the paper does not state for that "
-            "table: read them as an upper bound. Vocabulary-sized values stay small because the loss and the GRPO "
-            "log-probs run over sequence chunks (issue 19), never as [batch, seq, vocab] fp32 logits."]
+            "row at the full 256 tokens over the whole split (300k SFT examples x 3 epochs, 85,620 RL prompts; "
+            "an RL step's 2 prompts x G 32 rollouts get μ = 4 updates); they are far above the paper's figures, "
+            "whose sequence lengths and backbone the paper does not state for that table: read them as an upper "
+            "bound. Logits never exist as [batch, seq, vocab] fp32: the loss and the GRPO log-probs run over "
+            "sequence chunks (issue 19). A training step's largest vocabulary-sized value is the text head's fp32 "
+            "weight gradient, [hidden, text rows]: each device's partial sum over its share of the batch, before "
+            "the reduce-scatter that shards it."]
     return "\n".join(out) + "\n"
+
+
+def _compilers() -> str:
+    """The versions that decide what a deviceless compile does (a table from another libtpu may differ)."""
+    from importlib import metadata
+
+    found = []
+    for dist in ("jaxlib", "jax-cuda12-plugin", "libtpu"):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"no {dist}")
+    return ", ".join(found)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -107,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         with open(a.jsonl, "a") as f:
                             f.write(json.dumps(r, default=float) + "\n")
     day = datetime.date.today().isoformat()
-    machine = f"{platform.processor() or platform.machine()} host, no accelerator, {day}"
+    machine = f"{platform.processor() or platform.machine()} host, no accelerator, {day}; {_compilers()}"
     write_section(a.out, "plan", table(rows, command=command, machine=machine))
     print(f"wrote the plan section of {a.out}")
     return 0

@@ -92,11 +92,17 @@ def attention(
 
 def dense(x: Float[Array, "*lead k"], w: Float[Array, "k ..."], contract: int = 1,
           out_dtype: Any = None) -> Float[Array, "*lead ..."]:
-    """`x`'s last `contract` dims times `w`'s first ones, as one 2-D matmul over the flattened leading
-    dims ([b, t, d] -> [b*t, d]). Why not the 3-D einsum: its weight gradient contracts two dims
-    (b, t), and XLA:CPU then writes the activation gradient transposed, element by element, before
-    the matmul (a quarter of an SFT step's op time); the 2-D form's gradient is a plain matmul. The
-    leading dims merge along `batch` (sharded) and `length` (never sharded), so the sharding holds."""
+    """`x`'s last `contract` dims times `w`'s first ones. On CPU as one 2-D matmul over the flattened
+    leading dims ([b, t, d] -> [b*t, d]): the einsum's weight gradient contracts two dims (b, t), and
+    XLA:CPU then writes the activation gradient transposed, element by element, before the matmul (a
+    quarter of an SFT step's op time); the 2-D form's gradient is a plain matmul. The leading dims
+    merge along `batch` (sharded) and `length` (never sharded), so the sharding holds.
+    Elsewhere as the einsum: XLA:GPU's Triton GEMM tiling (jaxlib 0.10.2) fails on the 2-D form's
+    weight gradient when a chunk of b*t positions is no multiple of its tile ("Couldn't find output
+    tile sizes"): the lm head's of every bf16 paper config in a deviceless H100 compile."""
+    if target_platform() != "cpu":
+        dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
+        return jax.lax.dot_general(x, w, dims, preferred_element_type=out_dtype)
     lead, inner = x.shape[: x.ndim - contract], x.shape[x.ndim - contract:]
     k = math.prod(inner)
     y = jnp.dot(x.reshape(-1, k), w.reshape(k, -1), preferred_element_type=out_dtype)
