@@ -23,14 +23,14 @@ from dlr_jax.config import load_config
 from dlr_jax.data.sources import corpus_texts
 from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.sharding import create_sharded
-from dlr_jax.stages import codebook, common
+from dlr_jax.stages import codebook, codebook_eval, common
 from dlr_jax.trainer import Trainer
 from dlr_jax.workdir import stage_dir
 
 
 def checkpoint_report(workdir: str | Path, *, step: int | None = None, examples: int | None = None
                       ) -> dict[str, Any]:
-    """{"step": S, **codebook.reconstruction_report(...)} of main-phase checkpoint S (None = latest) on
+    """{"step": S, **codebook_eval.reconstruction_report(...)} of main-phase checkpoint S (None = latest) on
     the first `examples` held-out CoTs (None = codebook.eval_examples)."""
     w = Path(workdir)
     if not (w / "config.yaml").is_file():
@@ -52,7 +52,7 @@ def checkpoint_report(workdir: str | Path, *, step: int | None = None, examples:
     held = held[: examples or cb.eval_examples or len(held)]
     if not held:
         raise ValueError("no held-out CoTs (codebook.eval_corpus / data.eval_split)")
-    report = codebook.reconstruction_report(trainer.finalize(), held, cb, seed=cfg.run.seed)
+    report = codebook_eval.reconstruction_report(trainer.finalize(), held, cb, seed=cfg.run.seed)
     return {"step": trainer.step, **report}
 
 
