@@ -84,20 +84,25 @@ def _xla_cost(compiled: Any) -> dict[str, float]:
 
 TRITON_TILING_ERROR = "Couldn't find output tile sizes"
 TRITON_FALLBACK_NOTE = (
-    "XLA's Triton GEMM tiling failed in this deviceless compile (\"Couldn't find output tile sizes\": with no GPU "
-    "there is no autotuning); planned with cuBLAS GEMMs instead (xla_gpu_enable_triton_gemm=false), roofline bytes "
-    "from the lower bound. Should a GPU run stop with that error, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false "
-    "is the workaround")
+    "XLA's Triton GEMM tiling failed in this deviceless compile (\"Couldn't find output tile sizes\"{where}); "
+    "planned with cuBLAS GEMMs instead (xla_gpu_enable_triton_gemm=false), roofline bytes from the lower bound. "
+    "Should a GPU run stop with that error, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false is the workaround")
 
 
-def _compile(lowered: Any, target: Target) -> tuple[Any, bool]:
-    """The compiled program, and whether it took the cuBLAS fallback (TRITON_FALLBACK_NOTE)."""
+def _compile(lowered: Any, target: Target) -> tuple[Any, str | None]:
+    """The compiled program, and the note when it took the cuBLAS fallback (TRITON_FALLBACK_NOTE).
+    jaxlib 0.10.2's deviceless GPU compile cannot tile some bf16 GEMMs whose rows merge several dims (the SAM
+    encoder's windows, a text head's gradient at some widths); a GPU autotunes, which this host cannot."""
     try:
-        return lowered.compile(), False
+        return lowered.compile(), None
     except Exception as e:  # noqa: BLE001 - jaxlib raises its own runtime error type
-        if target.platform != "cuda" or TRITON_TILING_ERROR not in str(e):
+        text = str(e)
+        if target.platform != "cuda" or TRITON_TILING_ERROR not in text:
             raise
-    return lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False}), True
+    lines = text.split("Suspected Python Code Location:", 1)[-1].strip().splitlines()
+    where = f", at {lines[0].strip()}" if lines and "[" in lines[0] else ""
+    compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
+    return compiled, TRITON_FALLBACK_NOTE.format(where=where)
 
 
 def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int]) -> dict[str, Any]:
@@ -106,7 +111,7 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         prog = build_program(cfg, stage, mesh)
     with use_mesh(prog.mesh or mesh):
         lowered = prog.jitted.lower(*prog.args)
-        compiled, cublas = _compile(lowered, target)
+        compiled, cublas = _compile(lowered, target)  # cublas: the fallback's note, or None
         static = (0, 1) if stage == "rollout" else ()
         jaxpr = jax.make_jaxpr(prog.pure, static_argnums=static)(*prog.args)
     flops: FlopCount = count_jaxpr(jaxpr, prog.while_trips)
@@ -137,7 +142,7 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     except Exception as e:  # noqa: BLE001 - itemising is a courtesy; the totals above stand without it
         out["notes"].append(f"largest values not itemised: {type(e).__name__}")
     if cublas:
-        out["notes"].append(TRITON_FALLBACK_NOTE)
+        out["notes"].append(cublas)
     if target.platform == "cpu":
         out["notes"].append("CPU fake-device compile: a fallback, not a stand-in for GPU/TPU memory or speed")
     hbm = target.hbm_bytes
