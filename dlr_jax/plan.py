@@ -25,8 +25,10 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -87,6 +89,23 @@ TRITON_FALLBACK_NOTE = (
     "XLA's Triton GEMM tiling failed in this deviceless compile (\"Couldn't find output tile sizes\"{where}); "
     "planned with cuBLAS GEMMs instead (xla_gpu_enable_triton_gemm=false), roofline bytes from the lower bound. "
     "Should a GPU run stop with that error, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false is the workaround")
+_FRAME = re.compile(r"^\s*(\S+\.py):(\d+)(?::\d+)? \[([^\]]+)\]")
+
+
+def _gemm_source(error: str) -> str:
+    """Where the GEMM XLA names in `error` comes from: the first frames of its "Suspected Python Code Location"
+    past the shared matmul helper, paths relative to the package ("" when XLA names none)."""
+    if "Suspected Python Code Location:" not in error:
+        return ""
+    frames = []
+    for line in error.split("Suspected Python Code Location:", 1)[1].splitlines():
+        m = _FRAME.match(line)
+        if m:
+            path = m.group(1)
+            path = path[path.rindex("dlr_jax/"):] if "dlr_jax/" in path else Path(path).name
+            frames.append((path, f"{path}:{m.group(2)} ({m.group(3)})"))
+    named = [f for p, f in frames if not p.endswith("models/attention.py")] or [f for _, f in frames]
+    return f", at {' <- '.join(named[:2])}" if named else ""
 
 
 def _compile(lowered: Any, target: Target) -> tuple[Any, str | None]:
@@ -96,13 +115,15 @@ def _compile(lowered: Any, target: Target) -> tuple[Any, str | None]:
     try:
         return lowered.compile(), None
     except Exception as e:  # noqa: BLE001 - jaxlib raises its own runtime error type
-        text = str(e)
-        if target.platform != "cuda" or TRITON_TILING_ERROR not in text:
+        if target.platform != "cuda" or TRITON_TILING_ERROR not in str(e):
             raise
-    lines = text.split("Suspected Python Code Location:", 1)[-1].strip().splitlines()
-    where = f", at {lines[0].strip()}" if lines and "[" in lines[0] else ""
-    compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
-    return compiled, TRITON_FALLBACK_NOTE.format(where=where)
+        first = e
+    try:
+        compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeError(f"Triton could not tile a GEMM (\"{TRITON_TILING_ERROR}\"{_gemm_source(str(first))}), "
+                           f"and the retry with cuBLAS GEMMs failed too: {type(e).__name__}: {e}") from first
+    return compiled, TRITON_FALLBACK_NOTE.format(where=_gemm_source(str(first)))
 
 
 def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int]) -> dict[str, Any]:

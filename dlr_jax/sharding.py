@@ -322,11 +322,17 @@ def maybe_initialize_distributed() -> None:
 
 def all_processes_ok(ok: bool) -> bool:
     """Whether every process of the run says `ok` (one process: `ok`). A collective: all call it once."""
+    return not processes_not_ok(ok)
+
+
+def processes_not_ok(ok: bool) -> list[int]:
+    """The indices of the processes that say not `ok` (one process: [0] or []). A collective: all call it once."""
     if jax.process_count() == 1:
-        return ok
+        return [] if ok else [0]
     from jax.experimental import multihost_utils
 
-    return bool(np.min(multihost_utils.process_allgather(np.int32(ok))))
+    flags = np.asarray(multihost_utils.process_allgather(np.int32(ok))).reshape(-1)
+    return [int(i) for i in np.flatnonzero(flags == 0)]
 
 
 def wait_for_all_processes(name: str) -> None:

@@ -18,6 +18,7 @@ Runs resume: rerunning the same command continues from the last checkpoint of th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -108,14 +109,22 @@ def _init_from_note(cfg: Config) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _init_from_problem(cfg: Config, args: argparse.Namespace) -> str | None:
+def _multi_process() -> bool:
+    return bool(os.environ.get("DLR_COORDINATOR"))  # sharding.maybe_initialize_distributed's switch
+
+
+def _init_from_problem(cfg: Config, args: argparse.Namespace) -> tuple[str | None, Exception | None]:
+    """What `check_init_from` refuses (None: nothing), and the exception when it was not a ConfigError (an
+    unreadable file, a malformed config.json): the vote must be reached either way, or the others wait for it."""
     from dlr_jax.stages.common import check_init_from
 
     try:
         check_init_from(cfg, args.stage, args.workdir, args.mode)
     except ConfigError as e:
-        return str(e)
-    return None
+        return str(e), None
+    except Exception as e:  # noqa: BLE001 - re-raised after the vote, on this process
+        return f"init_from: {type(e).__name__}: {e}", e
+    return None, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,23 +168,41 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = resolve_config(args.config, args.workdir, args.overrides)
         check_counts(cfg, args.steps)  # before anything is written (preflight.py)
+        problem = None
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        if args.print_config or not _multi_process():
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        problem = str(e)  # a multi-process run refuses on every process together (below)
     if args.print_config:
         sys.stdout.write(dump_config(cfg) + _init_from_note(cfg))
         return 0
     from dlr_jax.compile_cache import enable as enable_compile_cache
-    from dlr_jax.sharding import all_processes_ok, maybe_initialize_distributed  # jax only now: not --print-config
+    from dlr_jax.sharding import (  # jax only now: not --print-config
+        all_processes_ok,
+        maybe_initialize_distributed,
+        processes_not_ok,
+    )
 
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
         maybe_initialize_distributed()
-        # the checkpoint's files, before anything is written, on every process: a host may lack them, and the
-        # others must then stop too instead of waiting for it at the first collective
-        problem = _init_from_problem(cfg, args)
-        if not all_processes_ok(problem is None):
-            print(f"error: {problem or 'another process of this run cannot use init_from (its log says why)'}",
-                  file=sys.stderr)
+        # the config and the checkpoint's files, before anything is written, on every process: a host may lack
+        # them (or hold another config.yaml), and the others must then stop too instead of waiting for it at the
+        # first collective until a timeout
+        unexpected = None
+        if problem is None:
+            problem, unexpected = _init_from_problem(cfg, args)
+        refused = processes_not_ok(problem is None) if _multi_process() else ([0] if problem else [])
+        if refused:
+            if unexpected is not None:
+                raise unexpected
+            if not _multi_process():
+                print(f"error: {problem}", file=sys.stderr)
+            elif problem:
+                print(f"error: process {_process_index()}: {problem}", file=sys.stderr)
+            else:
+                print(f"error: process(es) {', '.join(map(str, refused))} of this run refused it (their logs say "
+                      "why); stopping here too", file=sys.stderr)
             return 2
         enable_compile_cache()  # GPU/TPU: a rerun or the next stage reuses compiled steps (compile_cache.py)
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)

@@ -183,6 +183,17 @@ def test_a_host_without_the_checkpoint_stops_every_process(prepared, tmp_path):
     missing = tmp_path / "not_on_this_host"
     codes, outs = _start(w, 2, stages="textsft", timeout=240, rank_sets={1: [f"init_from={missing}"]})
     assert codes == [2, 2], outs
-    assert f"init_from={missing}: no such folder" in outs[1]
-    assert "another process of this run cannot use init_from" in outs[0]
+    assert f"error: process 1: init_from={missing}: no such folder" in outs[1]
+    assert "error: process(es) 1 of this run refused it" in outs[0]
     assert sorted(p.relative_to(w) for p in w.rglob("*")) == before  # nothing written
+
+
+def test_a_host_with_another_config_stops_every_process(prepared, tmp_path):
+    """A refusal before jax.distributed.initialize (here a bad --set on one host only) is voted on too."""
+    w = tmp_path / "w"
+    shutil.copytree(prepared, w)
+    codes, outs = _start(w, 2, stages="sft", timeout=240, rank_sets={0: ["train.sft.num_steps=0"]})
+    assert codes == [2, 2], outs
+    assert "error: process 0: " in outs[0] and "num_steps" in outs[0]
+    assert "error: process(es) 0 of this run refused it" in outs[1]
+    assert not (w / "sft").exists()

@@ -151,13 +151,60 @@ def test_h100_plans_a_bf16_model_with_a_real_vocabulary(hidden):
         "model.dtype=bfloat16", "model.vocab_size=32000"])
     r = plan.plan_once(cfg, "sft", TARGETS["h100"], MESH)
     assert r["fits"] and r["roofline_step_s"] > 0
-    fell_back = any(n.startswith("XLA's Triton GEMM tiling failed") for n in r["notes"])
+    import jaxlib
+
+    prefix = plan.TRITON_FALLBACK_NOTE.split("(")[0]
+    notes = [n for n in r["notes"] if n.startswith(prefix)]
     if hidden == 1024:  # the 2-D form (attention.dense on CPU) fails here: the einsum must not
-        assert not fell_back
-    if fell_back:  # XLA's cost analysis misses the cuBLAS calls: the bound is used instead of its scaled bytes
+        assert not notes
+    elif jaxlib.__version__ == "0.10.2":  # the XLA whose bug this works around (a later one may tile it)
+        assert notes
+    if notes:  # XLA's cost analysis misses the cuBLAS calls: the bound is used instead of its scaled bytes
         assert r["bytes_source"].startswith("lower bound")
-        note = next(n for n in r["notes"] if n.startswith("XLA's Triton GEMM tiling failed"))
-        assert "at /" in note and "dlr_jax/models/" in note  # where the GEMM came from, for a bug report
+        assert ", at dlr_jax/" in notes[0]  # where the GEMM came from, for a bug report
+
+
+class _Lowered:
+    """Stands in for jax's Lowered: its first compile raises `first`, a retry `retry` (None: succeeds)."""
+
+    def __init__(self, first: Exception, retry: Exception | None = None):
+        self.first, self.retry, self.options = first, retry, []
+
+    def compile(self, compiler_options=None):
+        self.options.append(compiler_options)
+        if len(self.options) == 1:
+            raise self.first
+        if self.retry is not None:
+            raise self.retry
+        return "compiled"
+
+
+_TILING = ("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.1 = f32[512,32128]{1,0} dot(%a, %b)\n"
+           "Suspected Python Code Location:\n  /home/u/src/dlr_jax/models/attention.py:102:8 [dense]\n"
+           "  /home/u/src/dlr_jax/models/transformer.py:360:17 [Transformer.logits_from_hidden]\n"
+           "  /home/u/src/dlr_jax/models/vocab_chunks.py:43:13 [_stats]\n  <frozen runpy>:88:4 [_run_code]")
+
+
+def test_a_gemm_triton_cannot_tile_is_planned_with_cublas_and_named():
+    low = _Lowered(RuntimeError(_TILING))
+    compiled, note = plan._compile(low, TARGETS["h100"])
+    assert compiled == "compiled" and low.options == [None, {"xla_gpu_enable_triton_gemm": False}]
+    # past the shared matmul helper, relative to the package: not the host's absolute path, not the HLO line
+    assert ", at dlr_jax/models/transformer.py:360 (Transformer.logits_from_hidden) <- " \
+           "dlr_jax/models/vocab_chunks.py:43 (_stats))" in note
+    assert "/home/u" not in note and "%dot" not in note
+    # without XLA's location section: no place named, not the error's first line
+    _, note = plan._compile(_Lowered(RuntimeError(_TILING.split("\n")[0])), TARGETS["h100"])
+    assert "tile sizes\"); planned with cuBLAS" in note
+    # another error, or another target, is the error itself; a failed retry says both
+    for low, target in ((_Lowered(RuntimeError("INTERNAL: out of memory")), TARGETS["h100"]),
+                        (_Lowered(RuntimeError(_TILING)), TARGETS["tpu-v5p"])):
+        with pytest.raises(RuntimeError) as e:
+            plan._compile(low, target)
+        assert e.value is low.first and len(low.options) == 1
+    with pytest.raises(RuntimeError, match="retry with cuBLAS GEMMs failed too: ValueError: nope") as e:
+        plan._compile(_Lowered(RuntimeError(_TILING), ValueError("nope")), TARGETS["h100"])
+    assert "transformer.py:360" in str(e.value) and "%dot" not in str(e.value)
 
 
 def _config_only(src: Path, dst: Path, names: tuple[str, ...] = ("config.json",)) -> Path:

@@ -65,8 +65,8 @@ def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
             "whose sequence lengths and backbone the paper does not state for that table: read them as an upper "
             "bound. Logits never exist as [batch, seq, vocab] fp32: the loss and the GRPO log-probs run over "
             "sequence chunks (issue 19). A training step's largest vocabulary-sized value is the text head's fp32 "
-            "weight gradient, [hidden, text rows]: each device's partial sum over its share of the batch, before "
-            "the reduce-scatter that shards it."]
+            "weight gradient, hidden x text rows (in either order): each device's partial sum over its share of "
+            "the batch, before the reduce-scatter that shards it."]
     return "\n".join(out) + "\n"
 
 

@@ -1,6 +1,6 @@
 """Attention and the projections of the decoder (models/transformer.py): grouped-query attention on
-the backend the compile target has (XLA einsums, cuDNN flash, TPU splash), the 2-D `dense` every
-projection uses, and the causal-within-segment mask.
+the backend the compile target has (XLA einsums, cuDNN flash, TPU splash), `dense` for every
+projection (one 2-D matmul on CPU, the einsum elsewhere), and the causal-within-segment mask.
 """
 
 from __future__ import annotations

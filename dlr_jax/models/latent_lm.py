@@ -309,7 +309,7 @@ class LatentLM(nnx.Module):
     def latent_logits(self, h: Float[Array, "b t d"]) -> Float[Array, "b t k"]:
         """h . P_out(C)^T computed as (h W^T) . C^T + h . b (fp32 out)."""
         dt = h.dtype
-        # 2-D matmuls over the flattened (b, t) dims: see `attention.dense`.
+        # on CPU 2-D matmuls over the flattened (b, t) dims: see `attention.dense`.
         u = dense(h, self.p_out.kernel[...].astype(dt).T)
         logits = dense(u, self.codebook[...].astype(dt).T, out_dtype=jnp.float32)
         hb = jnp.einsum("btd,d->bt", h, self.p_out.bias[...].astype(dt), preferred_element_type=jnp.float32)

@@ -5,7 +5,7 @@ leading `layers` dim and the forward pass is a `lax.scan` over them, so compile 
 with depth (a decode loop instead runs the layers one after another on per-layer buffers, and so does a
 shallow model compiled for CPU: `run_layers`, `model.scan_layers`).
 All maths is written as pure functions over arrays; the module only owns parameters. Attention, the
-2-D projections and the masks are in models/attention.py.
+projections (`dense`) and the masks are in models/attention.py.
 
 Seams for the latent vocabulary (dlr_jax/models/latent_lm.py): `embed_tokens` and
 `logits_from_hidden` are the only places the vocabulary is touched, and `trunk` takes embeddings.
