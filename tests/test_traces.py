@@ -56,7 +56,8 @@ def test_trainer_step_traces_once(tmp_path):
 
 
 def test_grpo_update_traces_once(tmp_path):
-    from dlr_jax.stages.rl import grpo_update, make_grpo_loss
+    from dlr_jax.stages.grpo_step import grpo_update
+    from dlr_jax.stages.rl_loss import make_grpo_loss
 
     loss = chex.assert_max_traces(make_grpo_loss(temperature=1.0, beta=1e-3), n=1)
     trainer = Trainer(Transformer(CFG, rngs=nnx.Rngs(0)), loss, TCFG, tmp_path, mesh=None)

@@ -1,5 +1,5 @@
-"""Latent GRPO: the stage end to end on a micro workdir (resume, sharded sampling), the loss on policy,
-and a toy task on which GRPO updates raise the reward."""
+"""Latent GRPO: the stage end to end on a micro workdir (resume, sharded sampling) and the loss on policy.
+(The step's update on a toy task: test_grpo_step.py.)"""
 
 from __future__ import annotations
 
@@ -13,17 +13,14 @@ import pytest
 from flax import nnx
 
 from dlr_jax.checkpoint import read_meta
-from dlr_jax.config import ModelConfig, TrainConfig, apply_overrides, load_config
+from dlr_jax.config import apply_overrides, load_config
 from dlr_jax.data.sources import load_examples
-from dlr_jax.grpo import group_advantages
 from dlr_jax.handoff import load_stage_model, save_stage_model
-from dlr_jax.models.transformer import Transformer
 from dlr_jax.rewards import RewardInputs, register_reward
-from dlr_jax.sampling import Sampler
-from dlr_jax.sharding import create_sharded, make_mesh
+from dlr_jax.sharding import make_mesh
 from dlr_jax.stages import common, rl
 from dlr_jax.stages.latent_common import new_latent_lm
-from dlr_jax.trainer import Trainer
+from tests.stages.test_grpo_step import TOY, _rollouts, toy_model  # noqa: F401 - the fixture is used by name
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = [
@@ -124,25 +121,7 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir, c
 
 
 # ----------------------------------------------------------------------------------------------
-# The loss and the update on a plain tiny Transformer.
-
-TOY = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                  num_kv_heads=1, head_dim=16)
-
-
-@pytest.fixture(scope="module")
-def toy_model():
-    return create_sharded(lambda: Transformer(TOY, rngs=nnx.Rngs(0)), _one())
-
-
-def _rollouts(model, n_prompts=4, group=8, new=6, temperature=1.0, seed=0):
-    prompts = [[1 + (i % 5), 2 + i] for i in range(n_prompts) for _ in range(group)]
-    s = Sampler(model, prompt_bucket=4)
-    out = s.generate(prompts, max_new_tokens=new, temperature=temperature, rng=seed)
-    batch = rl.assemble_rollouts(prompts, out.tokens, out.lengths, 4, 0)
-    lp = s.score(batch["tokens"], batch["attention_mask"], temperature=temperature)
-    batch["old_logps"] = lp * batch["completion_mask"]
-    return batch, out
+# The loss on a plain tiny Transformer (its rollouts and the update: test_grpo_step.py).
 
 
 def _loss_means(loss_fn, model):
@@ -164,7 +143,7 @@ class ZeroLogits:
         return jax.numpy.zeros((*tokens.shape, TOY.vocab_size))
 
 
-def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage(toy_model):
+def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage(toy_model):  # noqa: F811
     model = toy_model
     batch, out = _rollouts(model, temperature=0.7)
     rs = np.random.RandomState(0)
@@ -192,27 +171,6 @@ def test_on_policy_ratio_is_one_and_loss_is_minus_mean_advantage(toy_model):
         expect = {"token-mean": per_seq.sum(), "dr_grpo": per_seq.sum(),
                   "seq-mean-token-mean": (per_seq / np.maximum(n, 1)).sum()}[mode]
         np.testing.assert_allclose(float(ls_mode), expect, rtol=1e-4, atol=1e-5)
-
-
-def test_grpo_updates_raise_a_toy_reward(toy_model, tmp_path):
-    """Reward = share of completion tokens equal to 3: a few GRPO steps must make 3 more likely."""
-    model = nnx.clone(toy_model)  # the trainer donates its parameters
-    tcfg = TrainConfig(learning_rate=2e-2, warmup_ratio=0.0, batch_size=16, num_steps=40, progress=False,
-                       async_checkpointing=False)
-    loss_fn = rl.make_grpo_loss(temperature=1.0, beta=0.0)
-    trainer = Trainer(model, loss_fn, tcfg, tmp_path, name="toy")
-    rewards = []
-    for step in range(10):
-        policy = nnx.merge(trainer.graphdef, trainer.params, trainer.rest)
-        batch, out = _rollouts(policy, seed=step)
-        gen = batch["completion_mask"][:, 4:]
-        r = ((out.tokens == 3) * gen).sum(1) / np.maximum(gen.sum(1), 1)
-        rewards.append(float(r.mean()))
-        batch["advantages"] = np.asarray(group_advantages(r, 8))
-        m = rl.grpo_update(trainer, batch, epochs=2, seed=0, step=step)
-        assert m["clip_ratio/region_mean"] < 0.5
-    print("toy rewards", np.round(rewards, 3))
-    assert np.mean(rewards[-3:]) > np.mean(rewards[:2]) + 0.2, rewards
 
 
 @register_reward("test_completion_share", overwrite=True)

@@ -10,7 +10,7 @@ from flax import nnx
 
 from dlr_jax.sampling import Sampler
 from dlr_jax.stages import rl
-from tests.stages.test_rl import _rollouts, toy_model  # noqa: F401 - the fixture is used by name
+from tests.stages.test_grpo_step import _rollouts, toy_model  # noqa: F401 - the fixture is used by name
 
 
 def _loss_and_grad(loss_fn, model, batch):
