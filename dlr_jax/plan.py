@@ -94,7 +94,7 @@ _FRAME = re.compile(r"^\s*(\S+\.py):(\d+)(?::\d+)? \[([^\]]+)\]")
 
 def _gemm_source(error: str) -> str:
     """Where the GEMM XLA names in `error` comes from: the first frames of its "Suspected Python Code Location"
-    past the shared matmul helper, paths relative to the package ("" when XLA names none)."""
+    past `dense`, the matmul every projection shares, paths relative to the package ("" when XLA names none)."""
     if "Suspected Python Code Location:" not in error:
         return ""
     frames = []
@@ -103,8 +103,8 @@ def _gemm_source(error: str) -> str:
         if m:
             path = m.group(1)
             path = path[path.rindex("dlr_jax/"):] if "dlr_jax/" in path else Path(path).name
-            frames.append((path, f"{path}:{m.group(2)} ({m.group(3)})"))
-    named = [f for p, f in frames if not p.endswith("models/attention.py")] or [f for _, f in frames]
+            frames.append((m.group(3), f"{path}:{m.group(2)} ({m.group(3)})"))
+    named = [f for fn, f in frames if fn != "dense"] or [f for _, f in frames]  # dense: every projection's matmul
     return f", at {' <- '.join(named[:2])}" if named else ""
 
 
@@ -121,8 +121,10 @@ def _compile(lowered: Any, target: Target) -> tuple[Any, str | None]:
     try:
         compiled = lowered.compile(compiler_options={"xla_gpu_enable_triton_gemm": False})
     except Exception as e:  # noqa: BLE001
-        raise RuntimeError(f"Triton could not tile a GEMM (\"{TRITON_TILING_ERROR}\"{_gemm_source(str(first))}), "
-                           f"and the retry with cuBLAS GEMMs failed too: {type(e).__name__}: {e}") from first
+        # the retry's own error first: a --search row keeps only its first 300 characters
+        raise RuntimeError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (in a retry with cuBLAS "
+                           f"GEMMs, after Triton could not tile a GEMM: \"{TRITON_TILING_ERROR}\""
+                           f"{_gemm_source(str(first))})") from first
     return compiled, TRITON_FALLBACK_NOTE.format(where=_gemm_source(str(first)))
 
 

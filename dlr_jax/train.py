@@ -113,6 +113,11 @@ def _multi_process() -> bool:
     return bool(os.environ.get("DLR_COORDINATOR"))  # sharding.maybe_initialize_distributed's switch
 
 
+def _say_refused(problem: str) -> None:
+    who = f"process {os.environ.get('DLR_PROCESS_ID', '?')}: " if _multi_process() else ""
+    print(f"error: {who}{problem}", file=sys.stderr, flush=True)
+
+
 def _init_from_problem(cfg: Config, args: argparse.Namespace) -> tuple[str | None, Exception | None]:
     """What `check_init_from` refuses (None: nothing), and the exception when it was not a ConfigError (an
     unreadable file, a malformed config.json): the vote must be reached either way, or the others wait for it."""
@@ -162,21 +167,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--mode direct_from_cot is a textsft control: run it as its own --stage textsft, after CoT-SFT")
     if args.print_config and args.config is None and args.workdir is None:
         ap.error("--print-config needs --config (or --workdir of a run, to print its recorded config)")
+    problem, unexpected = None, None  # a refusal, and the exception behind it when not a ConfigError
     try:
         if args.print_config and args.workdir is None:
             cfg = load_config(args.config, args.overrides)
         else:
             cfg = resolve_config(args.config, args.workdir, args.overrides)
         check_counts(cfg, args.steps)  # before anything is written (preflight.py)
-        problem = None
     except ConfigError as e:
         if args.print_config or not _multi_process():
             print(f"error: {e}", file=sys.stderr)
             return 2
         problem = str(e)  # a multi-process run refuses on every process together (below)
+    except Exception as e:  # an unreadable config file: the others must not wait for this process either
+        if args.print_config or not _multi_process():
+            raise
+        problem, unexpected = f"{type(e).__name__}: {e}", e
     if args.print_config:
         sys.stdout.write(dump_config(cfg) + _init_from_note(cfg))
         return 0
+    import jax
+
     from dlr_jax.compile_cache import enable as enable_compile_cache
     from dlr_jax.sharding import (  # jax only now: not --print-config
         all_processes_ok,
@@ -185,22 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     with preemption.handling_signals():  # from here on SIGTERM/SIGINT save and stop (preemption.py)
-        maybe_initialize_distributed()
         # the config and the checkpoint's files, before anything is written, on every process: a host may lack
         # them (or hold another config.yaml), and the others must then stop too instead of waiting for it at the
-        # first collective until a timeout
-        unexpected = None
+        # first collective until a timeout. A refusal is said at once, in case joining the others fails.
+        if problem is not None:
+            _say_refused(problem)
+        maybe_initialize_distributed()
         if problem is None:
             problem, unexpected = _init_from_problem(cfg, args)
-        refused = processes_not_ok(problem is None) if _multi_process() else ([0] if problem else [])
+            if problem is not None:
+                _say_refused(problem)
+        multi = _multi_process() or jax.distributed.is_initialized()
+        refused = processes_not_ok(problem is None) if multi else ([0] if problem is not None else [])
         if refused:
-            if unexpected is not None:
+            if unexpected is not None:  # its traceback too (exit 1): a bug or a broken file, not a config
                 raise unexpected
-            if not _multi_process():
-                print(f"error: {problem}", file=sys.stderr)
-            elif problem:
-                print(f"error: process {_process_index()}: {problem}", file=sys.stderr)
-            else:
+            if problem is None:
                 print(f"error: process(es) {', '.join(map(str, refused))} of this run refused it (their logs say "
                       "why); stopping here too", file=sys.stderr)
             return 2
