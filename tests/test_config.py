@@ -63,3 +63,17 @@ def test_model_config_is_hashable_with_rope_scaling():
     assert hash(a) == hash(b) and a == b
     with pytest.raises(TypeError, match="immutable"):
         a.rope_scaling["factor"] = 2.0
+
+
+def test_an_unreadable_or_invalid_config_is_one_line_naming_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  hidden_size: 64\n  num_layers: [1, 2\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(bad)
+    assert str(e.value).startswith(f"{bad}:4:1: invalid YAML: ") and "\n" not in str(e.value)
+    (tmp_path / "folder.yaml").mkdir()  # e.g. a mistyped path that names a folder
+    with pytest.raises(ConfigError, match="folder.yaml: cannot read this config: IsADirectoryError"):
+        load_config(tmp_path / "folder.yaml")
+    (tmp_path / "binary.yaml").write_bytes(b"model: \xff\xfe\n")
+    with pytest.raises(ConfigError, match="binary.yaml: cannot read this config: UnicodeDecodeError"):
+        load_config(tmp_path / "binary.yaml")

@@ -199,8 +199,13 @@ def read_yaml_tree(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> dic
     except FileNotFoundError:
         where = f" (included from {_seen[-1]})" if _seen else ""
         raise ConfigError(f"config file not found: {path}{where}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not text: one line, as any config error
+        raise ConfigError(f"{path}: cannot read this config: {type(e).__name__}: {e}") from None
+    except yaml.YAMLError as e:  # one line, at file:line:column (yaml's own message spans several)
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"{where}: invalid YAML: {what}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     bases = data.pop(BASE_KEY, None) or []
