@@ -86,7 +86,7 @@ def _xla_cost(compiled: Any) -> dict[str, float]:
 
 TRITON_TILING_ERROR = "Couldn't find output tile sizes"
 TRITON_FALLBACK_NOTE = (
-    "XLA's Triton GEMM tiling failed in this deviceless compile (\"Couldn't find output tile sizes\"{where}); "
+    f"XLA's Triton GEMM tiling failed in this deviceless compile (\"{TRITON_TILING_ERROR}\"{{where}}); "
     "planned with cuBLAS GEMMs instead (xla_gpu_enable_triton_gemm=false), roofline bytes from the lower bound. "
     "Should a GPU run stop with that error, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false is the workaround")
 _FRAME = re.compile(r"^\s*(\S+\.py):(\d+)(?::\d+)? \[([^\]]+)\]")
