@@ -319,16 +319,18 @@ def test_no_share_of_a_gap_too_small_to_measure(tmp_path):
 
 
 def test_recipe_hash_ignores_later_config_keys_at_their_defaults():
-    """Runs recorded before data.synthetic_wording / synthetic_distractor_rate existed still merge with the
-    same recipe run today; a recipe that sets them is another recipe."""
+    """Runs recorded before data.synthetic_wording / synthetic_distractor_rate / synthetic_cot_style existed still
+    merge with the same recipe run today; a recipe that sets them is another recipe."""
     import hashlib
 
     cfg = _tiny()
     before = "".join(line for line in dump_config(cfg).splitlines(keepends=True)
-                     if not line.strip().startswith(("synthetic_wording:", "synthetic_distractor_rate:")))
+                     if not line.strip().startswith(("synthetic_wording:", "synthetic_distractor_rate:",
+                                                     "synthetic_cot_style:", "gsm8k_cot:")))
     assert report.recipe_hash(cfg) == hashlib.sha256(before.encode()).hexdigest()[:16]
     assert report.recipe_hash(_tiny("data.synthetic_wording=varied")) != report.recipe_hash(cfg)
     assert report.recipe_hash(_tiny("data.synthetic_distractor_rate=0.5")) != report.recipe_hash(cfg)
+    assert report.recipe_hash(_tiny("data.synthetic_cot_style=natural")) != report.recipe_hash(cfg)
 
 
 def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path, capsys):

@@ -171,11 +171,18 @@ def bench_latent_cost(workdir: Path, *, questions: int, batch: int, repeats: int
     mc = cfg.model
     model = (f"{mc.model_type}, hidden {mc.hidden_size}, {mc.num_layers} layers, {mc.num_heads} heads / "
              f"{mc.num_kv_heads} KV heads, MLP {mc.intermediate_size}")
-    d = cfg.data
-    task = (f"{d.synthetic_min_steps}-{d.synthetic_max_steps} steps, operands up to {d.synthetic_max_operand}, values "
-            f"up to {d.synthetic_max_value}" if d.dataset == "synthetic" else d.dataset)
     return CostResult(str(workdir), len(examples), batch, repeats, benchmark, cfg.data.eval_split, model,
-                      methods, task, loads)
+                      methods, task_description(cfg.data), loads)
+
+
+def task_description(d: Any) -> str:
+    """The task of a workdir's data section, as its table names it: the synthetic task's settings (the chain
+    style when it is not the equations), else the dataset."""
+    if d.dataset != "synthetic":
+        return d.dataset
+    style = "" if d.synthetic_cot_style == "equations" else f", {d.synthetic_cot_style} chains (sentences)"
+    return (f"{d.synthetic_min_steps}-{d.synthetic_max_steps} steps, operands up to {d.synthetic_max_operand}, values "
+            f"up to {d.synthetic_max_value}{style}")
 
 
 def render_section(results: list[CostResult], command: str, info: dict[str, str], allow_load: bool = False) -> str:

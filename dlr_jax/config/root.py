@@ -38,6 +38,14 @@ class DataConfig:
     # sentence in either wording at random); and the share of problems with one irrelevant sentence.
     synthetic_wording: str = "base"
     synthetic_distractor_rate: float = 0.0
+    # The chain every CoT-side stage reads: "equations" (GSM8K-Aug's form, `<<3+4=7>> <<7*2=14>>`) or "natural"
+    # (GSM8K-Aug-NL's analogue: a sentence a step with its annotation inline, as GSM8K's own solutions; about 4x the
+    # tokens). The problems and answers are the same.
+    synthetic_cot_style: str = "equations"
+    # data.dataset=gsm8k only: the CoT read from each worked solution (dlr_jax/data/gsm8k.py): "equations" (its
+    # annotations joined, GSM8K-Aug's form), "raw" (the solution as written, annotations inline: the form of
+    # synthetic_cot_style=natural) or "natural" (the solution with its annotations removed).
+    gsm8k_cot: str = "equations"
     num_workers: int = 0  # grain worker processes (0 = in-process)
     pack: bool = False
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.

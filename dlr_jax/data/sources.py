@@ -27,12 +27,17 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
             seed=cfg.run.seed,
             config=SyntheticConfig(min_steps=d.synthetic_min_steps, max_steps=d.synthetic_max_steps,
                                    max_operand=d.synthetic_max_operand, max_value=d.synthetic_max_value,
-                                   wording=d.synthetic_wording, distractor_rate=d.synthetic_distractor_rate),
+                                   wording=d.synthetic_wording, distractor_rate=d.synthetic_distractor_rate,
+                                   cot_style=d.synthetic_cot_style),
         )
     if benchmark != "synthetic":
         raise ValueError(f"{benchmark} is a variant of the synthetic task; this config's dataset is {d.dataset!r}")
     if ":" in split:  # another benchmark's split, e.g. MATH-500 held out beside the MATH training set
         return load_named_split(split, "data split")
+    if d.dataset == "gsm8k":
+        return load_benchmark(d.dataset, path=d.path, split=split, cot=d.gsm8k_cot)
+    if d.gsm8k_cot != "equations":
+        raise ValueError(f"data.gsm8k_cot={d.gsm8k_cot} applies to data.dataset=gsm8k, not {d.dataset!r}")
     return load_benchmark(d.dataset, path=d.path, split=split)
 
 

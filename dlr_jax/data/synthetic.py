@@ -9,11 +9,14 @@ on a CPU while direct answering stays hard. One problem:
     cot:      "<<3+4=7>> <<7*2=14>> <<14-5=9>>"
     answer:   "9"
 
+`cot_style="natural"` tells the same chain in sentences with the annotations inline, as GSM8K's own
+solutions do (GSM8K-Aug-NL's analogue): "Tom buys 4 more apples, so Tom has 3 + 4 = <<3+4=7>>7 apples. ..."
+
 Every intermediate value stays in [0, max_value]; "/" is exact division only. Generation uses
 Python's `random.Random(seed)`, so a seed gives the same problems on every machine.
 
 CLI: `python -m dlr_jax.data.synthetic --out DIR [--train N --valid N --test N --seed S ...]`
-writes DIR/{train,valid,test}.txt in GSM8K-Aug format.
+writes DIR/{train,valid,test}.txt in GSM8K-Aug format (equation chains; that format has no natural one).
 """
 
 from __future__ import annotations
@@ -51,6 +54,23 @@ REWORDED_STEPS: Mapping[str, tuple[str, ...]] = {
     "/": ("{n} divides the {i} into {b} equal groups and keeps one group.",),
 }
 REWORDED_QUESTION = "What is the number of {i} {n} owns at the end?"
+# GSM8K-Aug-NL's analogue (`cot_style="natural"`): the chain told in sentences, each step's calculator annotation
+# kept inline, as GSM8K's own solutions are ("Natalia sold 48/2 = <<48/2=24>>24 clips in May."). GSM8K's
+# solutions are 6.6x the characters of their annotations joined (train split, means: 279 vs 42); these chains are
+# 7.5x their equation form on the default 1-4-step task and 6.6x at 3-6 steps (the closing sentence weighs less).
+# As many templates per op as STEP_TEMPLATES (the story's template index picks the verb of the question).
+NATURAL_STEPS: Mapping[str, tuple[str, ...]] = {
+    "+": ("{n} buys {b} more {i}, so {n} has {a} + {b} = {eq}{c} {i}.",
+          "{n} finds {b} more {i}, so {n} has {a} + {b} = {eq}{c} {i}.",
+          "{n} gets {b} more {i}, so {n} has {a} + {b} = {eq}{c} {i}."),
+    "-": ("{n} gives away {b} {i}, so {n} has {a} - {b} = {eq}{c} {i} left.",
+          "{n} loses {b} {i}, so {n} has {a} - {b} = {eq}{c} {i} left.",
+          "{n} sells {b} {i}, so {n} has {a} - {b} = {eq}{c} {i} left."),
+    "*": ("{n} then has {b} times as many {i}, which is {a} * {b} = {eq}{c} {i}.",),
+    "/": ("{n} splits the {i} into {b} piles of {a} / {b} = {eq}{c} {i} and keeps one pile.",),
+}
+NATURAL_END = "So {n} has {c} {i} at the end."
+COT_STYLES = ("equations", "natural")
 DISTRACTOR = "{m} has {c} {i}."  # an irrelevant quantity: another person's count of the same item
 WORDINGS = ("base", "reworded", "varied")  # varied: each sentence in either wording, at random
 SPLIT_ORDER = ("test", "valid", "train")  # filled in this order: test/valid do not depend on train size
@@ -71,6 +91,7 @@ class SyntheticConfig:
     max_value: int = 200
     wording: str = "base"  # one of WORDINGS
     distractor_rate: float = 0.0  # share of problems with one irrelevant sentence (DISTRACTOR)
+    cot_style: str = "equations"  # one of COT_STYLES: GSM8K-Aug's equation chain, or `natural_chain`'s sentences
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_steps <= self.max_steps:
@@ -85,6 +106,8 @@ class SyntheticConfig:
             raise ValueError(f"max_value={self.max_value} must be >= max_operand={self.max_operand}")
         if self.wording not in WORDINGS:
             raise ValueError(f"wording must be one of {WORDINGS}, got {self.wording!r}")
+        if self.cot_style not in COT_STYLES:
+            raise ValueError(f"cot_style must be one of {COT_STYLES}, got {self.cot_style!r}")
         if not 0.0 <= self.distractor_rate <= 1.0:
             raise ValueError(f"distractor_rate must be in [0, 1], got {self.distractor_rate}")
 
@@ -122,6 +145,19 @@ def phrase(story: Mapping[str, Any], reworded: bool | Sequence[bool] = False) ->
     out += [(REWORDED_STEPS if r else STEP_TEMPLATES)[op][t].format(n=n, b=b, i=i)
             for op, b, t, r in zip(story["ops"], story["operands"], story["templates"], flags[1:-1], strict=True)]
     return [*out, (REWORDED_QUESTION if flags[-1] else QUESTION).format(n=n, i=i)]
+
+
+def natural_chain(story: Mapping[str, Any]) -> str:
+    """The chain of a problem's `story` in sentences (GSM8K's solution style), one a step with the step's
+    calculator annotation inline, then a closing sentence: the same steps, results and answer as the equation
+    chain, whose annotations are the `<<...>>` here in order."""
+    n, i, a = story["name"], story["item"], story["start"]
+    out = []
+    for op, b, t in zip(story["ops"], story["operands"], story["templates"], strict=True):
+        c = _apply(op, a, b)
+        out.append(NATURAL_STEPS[op][t].format(n=n, i=i, a=a, b=b, c=c, eq=f"<<{a}{op}{b}={c}>>"))
+        a = c
+    return " ".join([*out, NATURAL_END.format(n=n, c=a, i=i)])
 
 
 def restyle(ex: Example, rng: random.Random, cfg: SyntheticConfig) -> Example:
@@ -172,7 +208,8 @@ def generate_problem(rng: random.Random, cfg: SyntheticConfig, *, example_id: st
     return Example(
         id=example_id,
         question=" ".join(phrase(story)),
-        cot=" ".join(equations),
+        # the natural chain draws nothing: the same problems as the equation style, told step by step
+        cot=natural_chain(story) if cfg.cot_style == "natural" else " ".join(equations),
         answer=str(value),
         source="synthetic",
         extra=story,

@@ -104,3 +104,13 @@ def test_make_bench_skips_it_without_a_trained_workdir_but_only_names_it_fail(tm
     assert "latent_cost: skipped" in capsys.readouterr().out and not ran
     with pytest.raises(SystemExit):
         cli.main(["--out", str(tmp_path / "B.md"), "--only", "latent_cost", "--cost-workdir", str(tmp_path / "none")])
+
+
+def test_the_table_names_the_chain_style_of_a_natural_chain_task():
+    from dlr_jax.config import DataConfig
+
+    assert latent_cost.task_description(DataConfig()) == "1-4 steps, operands up to 10, values up to 200"
+    natural = latent_cost.task_description(DataConfig(synthetic_min_steps=3, synthetic_max_steps=6,
+                                                      synthetic_cot_style="natural"))
+    assert natural == "3-6 steps, operands up to 10, values up to 200, natural chains (sentences)"
+    assert latent_cost.task_description(DataConfig(dataset="gsm8k_aug")) == "gsm8k_aug"
