@@ -331,6 +331,8 @@ def test_recipe_hash_ignores_later_config_keys_at_their_defaults():
     assert report.recipe_hash(_tiny("data.synthetic_wording=varied")) != report.recipe_hash(cfg)
     assert report.recipe_hash(_tiny("data.synthetic_distractor_rate=0.5")) != report.recipe_hash(cfg)
     assert report.recipe_hash(_tiny("data.synthetic_cot_style=natural")) != report.recipe_hash(cfg)
+    gsm8k = _tiny("data.dataset=gsm8k")
+    assert report.recipe_hash(_tiny("data.dataset=gsm8k", "data.gsm8k_cot=raw")) != report.recipe_hash(gsm8k)
 
 
 def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dlr_jax.config.base import ConfigError
 from dlr_jax.config.model import MeshConfig, ModelConfig, SamplingConfig
 from dlr_jax.config.stages import CodebookConfig, EvalConfig, LatentConfig, RLConfig, StagesConfig
 
@@ -14,6 +15,10 @@ class RunConfig:
     workdir: str = "runs/tiny"
     # true: a rerun in an existing workdir may change safe keys (lr, steps, ...); see dlr_jax/workdir.py
     allow_config_change: bool = False
+
+
+SYNTHETIC_COT_STYLES = ("equations", "natural")  # data/synthetic.py COT_STYLES
+GSM8K_COTS = ("equations", "raw", "natural")  # data/gsm8k.py CotStyle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +45,10 @@ class DataConfig:
     synthetic_distractor_rate: float = 0.0
     # The chain every CoT-side stage reads: "equations" (GSM8K-Aug's form, `<<3+4=7>> <<7*2=14>>`) or "natural"
     # (GSM8K-Aug-NL's analogue: a sentence a step with its annotation inline, as GSM8K's own solutions; about 4x the
-    # tokens). The problems and answers are the same.
+    # tokens). The problems and answers are the same. Natural chains need room: at 3-6 steps (147 tokens a chain)
+    # max_len 320 and eval.max_new_tokens 256 (BENCHMARKS.md "Chains told in sentences"); tiny.yaml's 112 / 96
+    # would drop most training rows and cut CoT-SFT's answers off. Generated data only (a data.path file is read
+    # as written).
     synthetic_cot_style: str = "equations"
     # data.dataset=gsm8k only: the CoT read from each worked solution (dlr_jax/data/gsm8k.py): "equations" (its
     # annotations joined, GSM8K-Aug's form), "raw" (the solution as written, annotations inline: the form of
@@ -57,6 +65,18 @@ class DataConfig:
     # examples whose CoT is longer than this many tokens (the workdir's tokenizer) are left out of every
     # stage, counted; 0 = no filter
     max_cot_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.synthetic_cot_style not in SYNTHETIC_COT_STYLES:
+            raise ConfigError(f"data.synthetic_cot_style must be {'|'.join(SYNTHETIC_COT_STYLES)}, "
+                              f"got {self.synthetic_cot_style!r}")
+        if self.gsm8k_cot not in GSM8K_COTS:
+            raise ConfigError(f"data.gsm8k_cot must be {'|'.join(GSM8K_COTS)}, got {self.gsm8k_cot!r}")
+        if self.synthetic_cot_style != "equations" and self.dataset != "synthetic":
+            raise ConfigError(f"data.synthetic_cot_style={self.synthetic_cot_style} applies to data.dataset=synthetic, "
+                              f"not {self.dataset!r}")
+        if self.gsm8k_cot != "equations" and self.dataset != "gsm8k":
+            raise ConfigError(f"data.gsm8k_cot={self.gsm8k_cot} applies to data.dataset=gsm8k, not {self.dataset!r}")
 
 
 @dataclasses.dataclass(frozen=True)

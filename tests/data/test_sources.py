@@ -36,5 +36,9 @@ def test_data_gsm8k_cot_chooses_the_chain_gsm8k_trains_on(data_dir):
     assert [(e.id, e.answer) for e in raw] == [(e.id, e.answer) for e in eq]
     assert raw[1].cot.startswith("It takes 2/2=<<2/2=1>>1 bolt of white fiber") and eq[1].cot == "<<2/2=1>> <<2+1=3>>"
     assert all(" ".join(re.findall(r"<<.*?>>", r.cot, flags=re.S)) == e.cot for r, e in zip(raw, eq, strict=True))
-    with pytest.raises(ValueError, match="applies to data.dataset=gsm8k"):
-        load_examples(Config(data=DataConfig(dataset="gsm8k_aug", gsm8k_cot="raw")), "test")
+    from dlr_jax.config import ConfigError
+
+    with pytest.raises(ConfigError, match="applies to data.dataset=gsm8k, not 'gsm8k_aug'"):
+        DataConfig(dataset="gsm8k_aug", gsm8k_cot="raw")
+    with pytest.raises(ConfigError, match=r"data\.gsm8k_cot must be equations\|raw\|natural, got 'words'"):
+        DataConfig(dataset="gsm8k", gsm8k_cot="words")

@@ -149,11 +149,18 @@ def test_natural_chains_are_several_times_the_equation_chains_as_gsm8ks_solution
 
 
 def test_the_data_section_chooses_the_chain_style():
-    from dlr_jax.config import Config, DataConfig
+    from dlr_jax.config import Config, ConfigError, DataConfig
     from dlr_jax.data.sources import load_examples
+    from dlr_jax.data.synthetic_variants import VARIANTS
 
     cfg = Config(data=DataConfig(synthetic_train=30, synthetic_eval=10, synthetic_cot_style="natural"))
     for split in ("train", "test"):
         assert all(ex.cot.endswith(" at the end.") and "<<" in ex.cot for ex in load_examples(cfg, split))
+    for variant in VARIANTS:  # the evaluation-only analogues of GSM-Hard and SVAMP keep the style
+        assert all(ex.cot.endswith(" at the end.") for ex in load_examples(cfg, "test", benchmark=variant))
     with pytest.raises(ValueError, match="cot_style must be one of"):
         SyntheticConfig(cot_style="prose")
+    with pytest.raises(ConfigError, match=r"data\.synthetic_cot_style must be equations\|natural, got 'prose'"):
+        DataConfig(synthetic_cot_style="prose")
+    with pytest.raises(ConfigError, match="applies to data.dataset=synthetic, not 'gsm8k'"):
+        DataConfig(dataset="gsm8k", synthetic_cot_style="natural")
