@@ -17,7 +17,7 @@ class RunConfig:
     allow_config_change: bool = False
 
 
-SYNTHETIC_COT_STYLES = ("equations", "natural")  # data/synthetic.py COT_STYLES
+SYNTHETIC_COT_STYLES = ("equations", "natural")  # data/synthetic.py natural_chain; its SyntheticConfig checks these
 GSM8K_COTS = ("equations", "raw", "natural")  # data/gsm8k.py CotStyle
 
 

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dlr_jax.config.root import SYNTHETIC_COT_STYLES as COT_STYLES
 from dlr_jax.data.gsm8k_aug import write_gsm8k_aug
 from dlr_jax.data.records import Example
 
@@ -70,7 +71,6 @@ NATURAL_STEPS: Mapping[str, tuple[str, ...]] = {
     "/": ("{n} splits the {i} into {b} piles of {a} / {b} = {eq}{c} {i} and keeps one pile.",),
 }
 NATURAL_END = "So {n} has {c} {i} at the end."
-COT_STYLES = ("equations", "natural")
 DISTRACTOR = "{m} has {c} {i}."  # an irrelevant quantity: another person's count of the same item
 WORDINGS = ("base", "reworded", "varied")  # varied: each sentence in either wording, at random
 SPLIT_ORDER = ("test", "valid", "train")  # filled in this order: test/valid do not depend on train size
