@@ -197,3 +197,21 @@ def test_a_host_with_another_config_stops_every_process(prepared, tmp_path):
     assert "error: process 0: " in outs[0] and "num_steps" in outs[0]
     assert "error: process(es) 0 of this run refused it" in outs[1]
     assert not (w / "sft").exists()
+
+
+def test_a_broken_checkpoint_file_on_one_host_stops_every_process(prepared, tmp_path):
+    """A failure of the `init_from` check that is not a config refusal (here a config.json that is not UTF-8: a
+    broken copy, not a wrong setting) still reaches the vote, so the other process stops with the reason instead of
+    waiting at the first collective; the broken host shows its traceback (exit 1), and nothing is written."""
+    w = tmp_path / "w"
+    shutil.copytree(prepared, w)
+    before = sorted(p.relative_to(w) for p in w.rglob("*"))
+    broken = tmp_path / "broken_copy"
+    broken.mkdir()
+    (broken / "config.json").write_bytes(b'{"model_type": "llama", \xff\xfe}')
+    codes, outs = _start(w, 2, stages="textsft", timeout=240, rank_sets={1: [f"init_from={broken}"]})
+    assert codes == [2, 1], outs
+    assert "error: process 1: init_from: UnicodeDecodeError" in outs[1]
+    assert "Traceback" in outs[1] and "UnicodeDecodeError" in outs[1].rsplit("Traceback", 1)[1]
+    assert "error: process(es) 1 of this run refused it" in outs[0]
+    assert sorted(p.relative_to(w) for p in w.rglob("*")) == before  # nothing written
