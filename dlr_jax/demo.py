@@ -177,9 +177,9 @@ def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
 
 # Real latents by default: the codebook's ids of each rendered CoT (configs/tiny.yaml's own default is
 # random ids, which the unit tests use: no codebook stage to run first). Shorter than tiny.yaml, so the demo
-# fits 15 minutes on the 2-core Intel Xeon of 2026-11-27/28, whose speed drifts by up to 1.36x within a day (the
-# schedules below, 2026-11-27: 13 min 23 s from a fresh clone at its faster hour; 2026-11-28: 16 min 0 s at a slow
-# one). Measured there (BENCHMARKS.md "make demo"):
+# fits 15 minutes on the 2-core Intel Xeon of 2026-11-27/28, whose speed drifts by up to 1.36x within a day: from a
+# fresh clone 12 min 17 s (2026-11-28 15:32 UTC); the previous 200-step / 20-step schedules took 13 min 23 s at its
+# faster hour and 16 min 0 s at a slow one. Measured there (BENCHMARKS.md "make demo"):
 # - the codebook's main phase: 150 steps after the 300-step warm-up, not 800 (held-out CER with the true ids
 #   0.45 against 0.66 shuffled; 0.51 / 0.69 at 200 steps, 0.40 / 0.70 at 800). The warm-up cannot shrink: at 150
 #   steps, or 200 at twice the learning rate, the ids carry nothing (CER true = shuffled);

@@ -28,7 +28,7 @@ def test_the_demo_table_gives_each_method_its_training_steps():
 
 def test_the_demo_shortens_the_codebook_main_phase_but_not_its_warm_up():
     """The demo's codebook trains 150 main steps instead of tiny.yaml's 800; the 300-step continuous warm-up is
-    what makes its ids carry the CoT (150 steps gave CER true = shuffled, BENCHMARKS.md) and must stay."""
+    what makes its ids carry the CoT (a 150-step warm-up gave CER true = shuffled, BENCHMARKS.md) and must stay."""
     tiny, demo = load_config(TINY), load_config(TINY, list(DEMO_OVERRIDES))
     assert demo.latent.source == "codebook"
     assert demo.codebook.train.num_steps < tiny.codebook.train.num_steps
