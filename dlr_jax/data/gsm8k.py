@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from dlr_jax.config.root import GSM8K_COTS
 from dlr_jax.data.records import DataFormatError, Example, clean_number_text, iter_jsonl, require
 
 ANNOTATION = re.compile(r"<<(.*?)>>", flags=re.S)
@@ -28,6 +29,10 @@ def equation_cot(solution: str) -> str:
 def natural_cot(solution: str) -> str:
     """The worked solution with calculator annotations removed."""
     return ANNOTATION.sub("", solution).strip()
+
+
+# the chain each `cot` style (config.root.GSM8K_COTS, data.gsm8k_cot) reads from a worked solution
+COT_TEXT = {"equations": equation_cot, "raw": lambda s: s, "natural": natural_cot}
 
 
 def split_solution(answer_field: str) -> tuple[str, str] | None:
@@ -46,8 +51,9 @@ def read_gsm8k(path: str | Path, *, split: str = "test", cot: CotStyle = "equati
     annotations; "raw" -> the solution text as in the file (without the `####` line).
     The full solution is kept in `extra["solution"]`; `extra["line"]` is the 1-based line.
     """
-    if cot not in ("equations", "natural", "raw"):
-        raise ValueError(f"cot must be equations|natural|raw, got {cot!r}")
+    if cot not in GSM8K_COTS:
+        raise ValueError(f"cot must be {'|'.join(GSM8K_COTS)}, got {cot!r}")
+    to_cot = COT_TEXT[cot]
     path = Path(path)
     out: list[Example] = []
     for lineno, obj in iter_jsonl(path):
@@ -63,7 +69,7 @@ def read_gsm8k(path: str | Path, *, split: str = "test", cot: CotStyle = "equati
             raise DataFormatError(
                 path, "unbalanced '<<' / '>>' calculator annotations in 'answer'", line=lineno
             )
-        text = {"equations": equation_cot, "natural": natural_cot, "raw": lambda s: s}[cot](solution)
+        text = to_cot(solution)
         out.append(
             Example(
                 id=f"gsm8k/{split}/{len(out)}",

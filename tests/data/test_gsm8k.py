@@ -44,6 +44,10 @@ def test_cot_styles(tmp_path):
     assert eq.answer == "1072" and eq.extra["answer_raw"] == "1,072"
     with pytest.raises(ValueError, match="equations|natural|raw"):
         read_gsm8k(p, cot="latex")
+    from dlr_jax.config.root import GSM8K_COTS
+
+    assert {style: read_gsm8k(p, cot=style)[0].cot for style in GSM8K_COTS} == {  # every style data.gsm8k_cot takes
+        "equations": eq.cot, "natural": nat.cot, "raw": raw.cot}
 
 
 @pytest.mark.parametrize(
