@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
+from dlr_jax.models.attention import target_platform
+
 # `logits_processor(logits [B, V] fp32, tokens [B, N] int32, step int32 scalar) -> logits [B, V]`,
 # or, when `generate(..., processor_aux=aux)` is given, `logits_processor(logits, tokens, step, aux)`
 # with `aux` any pytree of arrays (traced, replicated: e.g. the latent budget n, or a per-row [B]
@@ -196,7 +198,10 @@ def decode_loop(
         step, *_, finished = carry
         return (step < n) & ~jnp.all(finished)
 
-    layers = {"layers": model.layer_slices()} if cfg.unstack_layers else {}
+    # On CPU the projections go out-major (`attention.OutMajor`): the layout XLA:CPU streams fastest
+    # for a decode step's few rows.
+    out_major = target_platform() == "cpu"
+    layers = {"layers": model.layer_slices(out_major=out_major)} if cfg.unstack_layers else {}
 
     def body(carry):
         step, cache, tokens, _, _, finished = carry

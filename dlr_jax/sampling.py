@@ -43,12 +43,16 @@ from dlr_jax.sharding import activation_rules, host_value, host_values, logical_
 
 _STOP_SLOTS = 8  # stop-id arrays are padded to a multiple of this, so their count rarely recompiles
 
-# XLA:CPU hands dots to YNNPACK by default. A decode step's matmuls are skinny ([b, d] @ [d, n] with b
-# the batch) and read every weight once per token; there XLA's own (Eigen) dot kernels stream weights
-# about twice as fast (9 vs 4 GB/s over a 256 MB weight) and make the step 1.15-1.22x faster, the prefill
-# and teacher-forced scoring 1.06-1.11x, with the same greedy tokens (paired in one process: BENCHMARKS,
-# sampling). Training keeps YNNPACK (no difference there). An option of the pinned jaxlib; CPU only.
+# XLA:CPU hands dots to YNNPACK by default, fused with their neighbours. For the prefill and teacher-
+# forced scoring (many rows) XLA's own (Eigen) dot kernels are 1.06-1.12x faster, with the same tokens
+# (paired: BENCHMARKS, sampling). Training keeps the default (no difference there). CPU only; options
+# of the pinned jaxlib.
 CPU_SAMPLER_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# The decode loop's matmuls are skinny (a few rows, every weight read once per token). There YNNPACK
+# taking each dot on its own, unfused, with the weights out-major (`attention.OutMajor`), streams them
+# fastest: the step 1.33x faster than Eigen's kernels on the usual layout (32 -> 24 ms on the sampling
+# benchmark's model; YNNPACK dots alone 1.15x, out-major on Eigen alone ~1.05x), same greedy tokens.
+CPU_DECODE_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
 @dataclass(frozen=True)
@@ -151,8 +155,8 @@ class Sampler:
         None = on CPU devices, where the model offers `layer_slices` (on GPU and TPU the scan is kept: its
         fusions read the slices, and the extra weight copy would cost device memory; not measured there
         yet). Compile time grows with depth when on.
-        `compiler_options`: XLA options for the prefill, decode and scoring compiles; None = `CPU_SAMPLER_OPTIONS`
-        on CPU devices, none elsewhere."""
+        `compiler_options`: XLA options for the prefill, decode and scoring compiles; None = on CPU devices
+        `CPU_DECODE_OPTIONS` for the decode loop and `CPU_SAMPLER_OPTIONS` for the rest, none elsewhere."""
         if prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {prompt_bucket}")
         self.graphdef, self.state = _split(model_or_split)
@@ -163,9 +167,12 @@ class Sampler:
         if unstack_layers is None:  # the copies it removes are XLA:CPU's; elsewhere keep the memory
             unstack_layers = on_cpu
         self.unstack_layers = bool(unstack_layers) and can
+        decode_options = compiler_options
         if compiler_options is None:
             compiler_options = CPU_SAMPLER_OPTIONS if on_cpu else {}
+            decode_options = CPU_DECODE_OPTIONS if on_cpu else {}
         self.compiler_options = dict(compiler_options) or None
+        self.decode_compiler_options = dict(decode_options) or None
         self.mesh, self.rules = mesh, rules
         self.max_total_len, self.prompt_bucket, self.cache_dtype = max_total_len, prompt_bucket, cache_dtype
         # One jitted function per batch sharding (at most two: batch split or replicated); each
@@ -238,10 +245,10 @@ class Sampler:
         key = (self._batch_key(b), cache_len)
         if key in self._prefill_fns:
             return self._prefill_fns[key], self._decode_fns[key]
-        opts = self.compiler_options
+        opts, dopts = self.compiler_options, self.decode_compiler_options
         if self.mesh is None:
             prefill = jax.jit(_prefill, static_argnums=(0, 1), compiler_options=opts)
-            decode = jax.jit(decode_loop, static_argnums=(0, 1), donate_argnums=(3,), compiler_options=opts)
+            decode = jax.jit(decode_loop, static_argnums=(0, 1), donate_argnums=(3,), compiler_options=dopts)
         else:
             rep = NamedSharding(self.mesh, PartitionSpec())
             st = self._state_shardings()
@@ -254,7 +261,7 @@ class Sampler:
             # vocab_mask is None or a [V] bool; `rep` as a pytree prefix covers both.
             decode = jax.jit(decode_loop, static_argnums=(0, 1), donate_argnums=(3,),
                              in_shardings=(st, cache, bv, b1, rep, rep, rep, rep, rep, rep, rep),
-                             out_shardings=(bt, bt, b1, b1, cache), compiler_options=opts)
+                             out_shardings=(bt, bt, b1, b1, cache), compiler_options=dopts)
         self._prefill_fns[key], self._decode_fns[key] = prefill, decode
         return prefill, decode
 
@@ -422,5 +429,5 @@ class Sampler:
 
 
 # The decode maths and config types (decoding.py) stay reachable as `sampling.X`.
-__all__ = ["CPU_SAMPLER_OPTIONS", "DecodeConfig", "LogitsProcessor", "SampleOutput", "Sampler", "decode_loop",
-           "left_pad", "mask_vocab", "sample_logits", "score", "sequence_logprobs", "token_logprobs"]
+__all__ = ["CPU_DECODE_OPTIONS", "CPU_SAMPLER_OPTIONS", "DecodeConfig", "LogitsProcessor", "SampleOutput", "Sampler",
+           "decode_loop", "left_pad", "mask_vocab", "sample_logits", "score", "sequence_logprobs", "token_logprobs"]

@@ -3,6 +3,7 @@ filters, stop ids, sharded decoding, teacher-forced scoring."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import jax
@@ -304,9 +305,9 @@ def _decode_weight_gathers(layout: tuple[int, int, int]) -> tuple[int, np.ndarra
 
     mesh = make_mesh(*layout, devices=jax.devices()[:8])
     model = create_sharded(lambda: Transformer(CFG, rngs=nnx.Rngs(0)), mesh)
-    shapes = set()
+    shapes = set()  # every parameter's shape and a layer's, in any dim order (out-major copies included)
     for x in jax.tree.leaves(nnx.state(model, nnx.Param)):
-        shapes |= {tuple(x.shape), tuple(x.shape[1:])}
+        shapes |= set(itertools.permutations(x.shape)) | set(itertools.permutations(x.shape[1:]))
     s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
     hlo, tokens = _decode_hlo(s, _prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]))
     gathered = [tuple(int(d) for d in m.split(",") if d)
@@ -325,6 +326,34 @@ def test_decode_loop_on_a_sampling_layout_gathers_no_weights():
     assert fsdp > 0  # the control: the training layout gathers weights while decoding
     assert tp == 0
     np.testing.assert_array_equal(tp_tokens, fsdp_tokens)
+
+
+def test_out_major_weight_copies_stay_sharded_on_a_tensor_parallel_mesh():
+    """The CPU decode loop multiplies out-major copies of the layer weights (`layer_slices(out_major=
+    True)`): on a tensor-parallel layout each device copies only its own shard, and nothing in the
+    program holds a whole layer weight in any dim order (gathered, copied or transposed)."""
+    import dataclasses
+
+    from dlr_jax.sharding import create_sharded, make_mesh
+
+    if jax.device_count() < 8:
+        pytest.skip(f"needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), have {jax.device_count()}")
+    # Head counts the tensor axis divides, and no shard of one weight with another weight's whole shape.
+    cfg = dataclasses.replace(CFG, num_heads=8, num_kv_heads=4, head_dim=8)
+    mesh = make_mesh(2, 1, 4, devices=jax.devices()[:8])
+    model = create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
+    s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
+    hlo, _ = _decode_hlo(s, _prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]))
+    whole = set()  # each layer weight's full shape, in any dim order
+    for x in jax.tree.leaves(nnx.state(model.layers, nnx.Param)):
+        if x.ndim >= 3:
+            whole |= set(itertools.permutations(x.shape[1:]))
+    made = [(op, tuple(int(d) for d in shape.split(",")))
+            for op, shape in re.findall(r"%([\w.-]+) = f32\[([\d,]+)\]", hlo)
+            if not op.startswith(("param", "get-tuple-element", "bitcast.", "arg_tuple", "tuple"))]
+    shards = {sh for op, sh in made if "copy" in op or "transpose" in op}
+    assert (cfg.intermediate_size // 4, cfg.hidden_size) in shards  # gate/up out-major, this device's rows
+    assert not [(op, sh) for op, sh in made if sh in whole], [(op, sh) for op, sh in made if sh in whole]
 
 
 def test_decode_loop_reads_layer_weights_without_copying_them(model):
@@ -360,17 +389,47 @@ def test_decode_loop_reads_layer_weights_without_copying_them(model):
     assert Sampler(model).unstack_layers  # the default where the model offers layer_slices
 
 
-def test_cpu_decode_runs_its_matmuls_on_xla_kernels_not_ynnpack(model):
-    """On CPU the sampler compiles with `CPU_SAMPLER_OPTIONS`: the decode loop's skinny matmuls run on
-    XLA's own dot kernels (faster per token than YNNPACK's fusions: BENCHMARKS, sampling), with the
-    same greedy tokens as the compiler's defaults; `compiler_options={}` keeps the defaults."""
-    from dlr_jax.sampling import CPU_SAMPLER_OPTIONS
+def _computation(hlo: str, name: str) -> str:
+    """The text of HLO computation `name` (its header line to its closing brace)."""
+    start = re.search(rf"^(?:ENTRY )?%{re.escape(name)} \(", hlo, re.M).start()
+    return hlo[start: hlo.index("\n}", start)]
+
+
+def test_cpu_decode_multiplies_out_major_weights_as_individual_ynnpack_dots(model):
+    """On CPU the decode loop compiles with `CPU_DECODE_OPTIONS` (each dot on its own in YNNPACK) and
+    multiplies out-major weights (`attention.OutMajor`: [out, in] @ [in, rows]), the form that streams
+    a decode step's weights fastest (BENCHMARKS, sampling); the prefill and scoring keep XLA's own dot
+    kernels (`CPU_SAMPLER_OPTIONS`). The untied head is transposed once per call, outside the loop,
+    not every token. Greedy tokens equal the compiler's defaults' and the layer scan's (which keeps
+    the usual layout)."""
+    from dlr_jax.sampling import CPU_DECODE_OPTIONS, CPU_SAMPLER_OPTIONS
 
     prompts = _prompts(6, [5, 9, 12, 7])
-    make = lambda opts: Sampler(model, prompt_bucket=16, max_total_len=MAX_TOTAL, compiler_options=opts)
-    assert make(None).compiler_options == CPU_SAMPLER_OPTIONS  # the default on CPU devices
-    tuned, tokens = _decode_hlo(make(None), prompts)
+    make = lambda opts, unstack=None: Sampler(model, prompt_bucket=16, max_total_len=MAX_TOTAL,
+                                              compiler_options=opts, unstack_layers=unstack)
+    tuned_sampler = make(None)
+    assert tuned_sampler.compiler_options == CPU_SAMPLER_OPTIONS  # the defaults on CPU devices
+    assert tuned_sampler.decode_compiler_options == CPU_DECODE_OPTIONS
+    tuned, tokens = _decode_hlo(tuned_sampler, prompts)
     default, default_tokens = _decode_hlo(make({}), prompts)
-    assert "__ynn_fusion" in default  # the control: XLA:CPU's default sends dots to YNNPACK
-    assert "__ynn_fusion" not in tuned and re.search(r"= f32\[[\d,]+\]\{[\d,]+\} dot\(", tuned)
+    scanned, scanned_tokens = _decode_hlo(make(None, unstack=False), prompts)
+    b, v, d, m = len(prompts), CFG.vocab_size, CFG.hidden_size, CFG.intermediate_size
+
+    def ynn_dots(hlo: str) -> set[str]:  # result shapes of YNNPACK fusions that hold one dot and no other op
+        found, fusion = set(), r"= f32\[([\d,]+)\]\{[\d,]+\} fusion\([^)]*\), kind=kCustom, calls=%([\w.-]+)"
+        for shape, comp in re.findall(fusion, hlo):
+            ops = re.findall(r"= \S+ ([\w-]+)\(", _computation(hlo, comp))
+            if [o for o in ops if o not in ("parameter", "bitcast")] == ["dot"]:
+                found.add(shape)
+        return found
+
+    # Out-major results [out, rows]: the MLP's up/gate [m, b] and down [d, b], the head [v, b].
+    assert {f"{m},{b}", f"{d},{b}", f"{v},{b}"} <= ynn_dots(tuned), ynn_dots(tuned)
+    assert not ynn_dots(scanned) & {f"{m},{b}", f"{v},{b}"}  # the control: the scan keeps [rows, out]
+    # The head's transposed copy [v, d] is made before the loop, not in its body.
+    body = re.search(r" while\(.*?body=%([\w.-]+)", tuned).group(1)
+    vocab_sized = re.compile(rf"%(?!get-tuple-element|bitcast|parameter)[\w.-]+ = f32\[(?:{v},{d}|{d},{v})\]")
+    assert not vocab_sized.findall(_computation(tuned, body))
+    assert vocab_sized.findall(_computation(tuned, re.search(r"^ENTRY %([\w.-]+)", tuned, re.M).group(1)))
     np.testing.assert_array_equal(tokens, default_tokens)
+    np.testing.assert_array_equal(tokens, scanned_tokens)

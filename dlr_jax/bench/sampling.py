@@ -46,7 +46,7 @@ class SamplingResult:
     mean_common_prefix: float
     gemm_gflops: float = float("nan")  # XLA fp32 [batch, hidden] @ [hidden, mlp]: the decode step's own shape
     peak_gflops: float = float("nan")  # XLA fp32 1024^3 matmul: what this machine reaches at best
-    stream_gbs: float = float("nan")  # a [batch, K] @ [K, N] matmul over 256 MB of weights, as the sampler compiles it
+    stream_gbs: float = float("nan")  # a batch-row projection by 256 MB of weights, as the decode loop compiles it
     loads: tuple[float, ...] = ()  # the load average before any work (later ones would count our own threads)
     device: str = "cpu"  # "gpu": both sides ran on JAX's default GPU
     unstacked_s: list[float] = dataclasses.field(default_factory=list)  # GPU: Sampler(unstack_layers=True)
@@ -128,16 +128,18 @@ def xla_matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
 
 
 def stream_gbs(batch: int, k: int = 1 << 15, n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-`repeats` rate (GB/s of weights) of one [batch, k] @ [k, n] fp32 matmul whose weight
-    (256 MB at the defaults) is far larger than the caches, compiled with the sampler's CPU options:
-    how fast a decode step's matmuls can stream weights from memory on this machine."""
-    from dlr_jax.sampling import CPU_SAMPLER_OPTIONS
+    """Best-of-`repeats` rate (GB/s of weights) of one fp32 projection of `batch` rows by a weight of
+    [k, n] (256 MB at the defaults: far larger than the caches) in the form and with the options of the
+    sampler's CPU decode loop (an out-major weight, `CPU_DECODE_OPTIONS`): how fast a decode step's
+    matmuls can stream weights from memory on this machine."""
+    from dlr_jax.models.attention import OutMajor, dense
+    from dlr_jax.sampling import CPU_DECODE_OPTIONS
 
     rng = np.random.default_rng(0)
     x = jax.device_put(rng.standard_normal((batch, k), np.float32))
-    w = jax.device_put(rng.standard_normal((k, n), np.float32))
-    opts = CPU_SAMPLER_OPTIONS if jax.default_backend() == "cpu" else None
-    dot = jax.jit(lambda a, b: a @ b, compiler_options=opts)
+    w = jax.device_put(rng.standard_normal((n, k), np.float32))  # out-major: [n, k]
+    opts = CPU_DECODE_OPTIONS if jax.default_backend() == "cpu" else None
+    dot = jax.jit(lambda a, b: dense(a, OutMajor(b)), compiler_options=opts)
     dot(x, w).block_until_ready()
     best = min(timed(lambda: dot(x, w).block_until_ready())[0] for _ in range(repeats))
     return w.nbytes / best / 1e9
@@ -284,7 +286,7 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str], all
         f"| {flops(step_o)} | {flops(step_h)} |",
         f"| decode step floor ms: {res.step_bytes / 1e6:.0f} MB read a step (layer weights, head, a KV cache of "
         f"{res.prompt_len + res.new_tokens} slots) at {res.stream_gbs:.1f} GB/s (a {res.batch}-row matmul over "
-        f"256 MB of weights) | {res.floor_ms:.1f} | |",
+        f"256 MB of out-major weights, as the decode loop multiplies them) | {res.floor_ms:.1f} | |",
         "",
     ]
     same = (f"Greedy tokens identical at {100 * res.identical_frac:.1f}% of positions; {res.identical_rows}/"
@@ -345,8 +347,8 @@ def interpret_sampling(res: SamplingResult) -> str:
                    + (f"; the 3x step ({need_ms:.1f} ms) is below that floor." if need_ms < res.floor_ms else "."))
     if step_o > 0 and step_h >= step_o:
         where = (f"The gain is in the decode step ({step} faster: the whole loop is one XLA `while_loop` with "
-                 "the KV cache updated in place and the matmuls on XLA's own CPU kernels, against per-op PyTorch "
-                 "dispatch and a growing cache per step)")
+                 "the KV cache updated in place and each matmul a YNNPACK dot on out-major weights, against "
+                 "per-op PyTorch dispatch and a growing cache per step)")
     else:
         where = (f"Our decode step is the slower one ({step} of transformers' speed: inside the layer scan "
                  "XLA:CPU copies each layer's weights out of the stacked arrays every step before the matmuls "

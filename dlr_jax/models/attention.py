@@ -1,10 +1,12 @@
 """Attention and the projections of the decoder (models/transformer.py): grouped-query attention on
 the backend the compile target has (XLA einsums, cuDNN flash, TPU splash), `dense` for every
-projection (one 2-D matmul on CPU, the einsum elsewhere), and the causal-within-segment mask.
+projection (one 2-D matmul on CPU, the einsum elsewhere; `OutMajor` weights for CPU decode steps),
+and the causal-within-segment mask.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -90,7 +92,41 @@ def attention(
     return out.reshape(b, t, h, hd)
 
 
-def dense(x: Float[Array, "*lead k"], w: Float[Array, "k ..."], contract: int = 1,
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class OutMajor:
+    """A projection weight stored output dims first, [*out, *in] (PyTorch's layout), which `dense`
+    multiplies as `wt @ x^T` for the few rows of a CPU decode step. Why: over weights that are not in
+    cache, XLA:CPU's dot kernels stream the MLP's [16, k] @ [k, n] matmuls at 6.8-8.5 GB/s and the same
+    products as [n, k] @ [k, 16] at 10.1-11.4 GB/s (BENCHMARKS, sampling).
+    `n_in`: how many trailing dims of `wt` are contracted."""
+
+    wt: Float[Array, "*out_in"]
+    n_in: int = dataclasses.field(default=1, metadata={"static": True})
+
+    @staticmethod
+    def of(w: Float[Array, "*in_out"], n_in: int = 1) -> OutMajor:
+        """`w` [*in, *out] (this package's layout) as [*out, *in]: one copy. The barrier keeps XLA from
+        folding the transpose back into the matmul, which would undo the layout."""
+        wt = jnp.moveaxis(w, tuple(range(n_in)), tuple(range(w.ndim - n_in, w.ndim)))
+        return OutMajor(jax.lax.optimization_barrier(wt), n_in)
+
+    def astype(self, dtype: Any) -> OutMajor:
+        return OutMajor(self.wt.astype(dtype), self.n_in)
+
+
+def _dense_out_major(x: Float[Array, "*lead k"], w: OutMajor, out_dtype: Any) -> Float[Array, "*lead ..."]:
+    lead, inner = x.shape[: x.ndim - w.n_in], x.shape[x.ndim - w.n_in:]
+    out = w.wt.shape[: w.wt.ndim - w.n_in]
+    k = math.prod(inner)
+    # The barriers pin both small transposes: without them XLA's simplifier turns (wt @ x^T)^T back
+    # into x @ wt^T, the slowest form of all on XLA:CPU (a transposed weight operand: ~2 GB/s).
+    barrier = jax.lax.optimization_barrier
+    y = jnp.dot(w.wt.reshape(-1, k), barrier(x.reshape(-1, k).T), preferred_element_type=out_dtype)
+    return barrier(y).T.reshape(*lead, *out)
+
+
+def dense(x: Float[Array, "*lead k"], w: Float[Array, "k ..."] | OutMajor, contract: int = 1,
           out_dtype: Any = None) -> Float[Array, "*lead ..."]:
     """`x`'s last `contract` dims times `w`'s first ones. On CPU as one 2-D matmul over the flattened
     leading dims ([b, t, d] -> [b*t, d]): the einsum's weight gradient contracts two dims (b, t), and
@@ -99,7 +135,13 @@ def dense(x: Float[Array, "*lead k"], w: Float[Array, "k ..."], contract: int = 
     merge along `batch` (sharded) and `length` (never sharded), so the sharding holds.
     Elsewhere as the einsum: XLA:GPU's Triton GEMM tiling (jaxlib 0.10.2) fails on the 2-D form's
     weight gradient when a chunk of b*t positions is no multiple of its tile ("Couldn't find output
-    tile sizes"): the lm head's of every bf16 paper config in a deviceless H100 compile."""
+    tile sizes"): the lm head's of every bf16 paper config in a deviceless H100 compile.
+    An `OutMajor` weight (CPU decode loops: `Transformer.layer_slices(out_major=True)`) is multiplied
+    in its own layout, on any platform."""
+    if isinstance(w, OutMajor):
+        if w.n_in != contract:
+            raise ValueError(f"an OutMajor weight contracting {w.n_in} dims, used with contract={contract}")
+        return _dense_out_major(x, w, out_dtype)
     if target_platform() != "cpu":
         dims = ((tuple(range(x.ndim - contract, x.ndim)), tuple(range(contract))), ((), ()))
         return jax.lax.dot_general(x, w, dims, preferred_element_type=out_dtype)

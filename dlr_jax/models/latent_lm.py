@@ -38,7 +38,8 @@ from jax.sharding import NamedSharding
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ModelConfig
-from dlr_jax.models.transformer import KVCache, Transformer, dense
+from dlr_jax.models.attention import OutMajor
+from dlr_jax.models.transformer import KVCache, Transformer, dense, out_major_layers
 from dlr_jax.sharding import constrain, named_sharding
 
 MASKED_LOGIT = -1e9
@@ -306,19 +307,22 @@ class LatentLM(nnx.Module):
         x = jnp.where(lat[..., None], self.embed_latents(codes).astype(text.dtype), text)
         return constrain(x, ("batch", "length", "act_embed"))
 
-    def latent_logits(self, h: Float[Array, "b t d"]) -> Float[Array, "b t k"]:
-        """h . P_out(C)^T computed as (h W^T) . C^T + h . b (fp32 out)."""
+    def latent_logits(self, h: Float[Array, "b t d"], out_major: bool = False) -> Float[Array, "b t k"]:
+        """h . P_out(C)^T computed as (h W^T) . C^T + h . b (fp32 out). `out_major`: see
+        `Transformer.logits_from_hidden` (W and C already are: no copy)."""
         dt = h.dtype
         # on CPU 2-D matmuls over the flattened (b, t) dims: see `attention.dense`.
-        u = dense(h, self.p_out.kernel[...].astype(dt).T)
-        logits = dense(u, self.codebook[...].astype(dt).T, out_dtype=jnp.float32)
+        w, c = self.p_out.kernel[...].astype(dt), self.codebook[...].astype(dt)
+        u = dense(h, OutMajor(w) if out_major else w.T)
+        logits = dense(u, OutMajor(c) if out_major else c.T, out_dtype=jnp.float32)
         hb = jnp.einsum("btd,d->bt", h, self.p_out.bias[...].astype(dt), preferred_element_type=jnp.float32)
         return constrain(logits + hb[..., None], ("batch", "length", "act_vocab"))
 
-    def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
-        """[text logits (backbone) ; masked gap ; latent logits ; masked padding], fp32."""
+    def logits_from_hidden(self, h: Float[Array, "b t d"], out_major: bool = False) -> Float[Array, "b t v"]:
+        """[text logits (backbone) ; masked gap ; latent logits ; masked padding], fp32. `out_major`:
+        see `Transformer.logits_from_hidden`."""
         c, vb = self.latent_cfg, self.backbone.cfg.vocab_size
-        text = self.backbone.logits_from_hidden(h).astype(jnp.float32)
+        text = self.backbone.logits_from_hidden(h, out_major).astype(jnp.float32)
         keep = c.text_row_mask()[:vb]
         if not keep.all():
             text = jnp.where(keep, text, MASKED_LOGIT)
@@ -326,7 +330,7 @@ class LatentLM(nnx.Module):
         parts = [text]
         if c.latent_offset > vb:
             parts.append(jnp.full((*lead, c.latent_offset - vb), MASKED_LOGIT, jnp.float32))
-        parts.append(self.latent_logits(h))
+        parts.append(self.latent_logits(h, out_major))
         pad = c.total_vocab_size - c.latent_offset - c.num_latents
         if pad:
             parts.append(jnp.full((*lead, pad), MASKED_LOGIT, jnp.float32))
@@ -371,8 +375,8 @@ class LatentLM(nnx.Module):
     def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
         return self.backbone.init_cache(batch, max_len, dtype)
 
-    def layer_slices(self) -> list[dict[str, jax.Array]]:
-        return self.backbone.layer_slices()
+    def layer_slices(self, out_major: bool = False) -> list[dict[str, Any]]:
+        return self.backbone.layer_slices(out_major)
 
     def trunk_cached(
         self, x: Float[Array, "b t d"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"],
@@ -396,7 +400,7 @@ class LatentLM(nnx.Module):
             chex.assert_equal_shape_prefix([inputs_embeds, positions, token_mask], 2)
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         h, cache = self.trunk_cached(x, positions, token_mask, cache, layers)
-        return self.logits_from_hidden(h), cache
+        return self.logits_from_hidden(h, out_major_layers(layers)), cache
 
 
 def _check_ids(input_ids: Array, *per_token: Array | None) -> None:

@@ -23,7 +23,15 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ModelConfig
-from dlr_jax.models.attention import NEG_INF, attention, causal_mask, dense, resolve_attention, target_platform
+from dlr_jax.models.attention import (
+    NEG_INF,
+    OutMajor,
+    attention,
+    causal_mask,
+    dense,
+    resolve_attention,
+    target_platform,
+)
 from dlr_jax.sharding import constrain
 
 
@@ -37,6 +45,16 @@ class KVCache(NamedTuple):
     v: Float[Array, "layers b kv s hd"] | tuple[Float[Array, "b kv s hd"], ...]  # what attention reads
     valid: Bool[Array, "b s"]
     index: Int[Array, ""]
+
+
+# The projection matrices of a decoder layer and how many leading (input) dims each contracts.
+PROJ_IN_DIMS: dict[str, int] = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1,
+                                "up_proj": 1, "down_proj": 1}
+
+
+def out_major_layers(layers: Sequence[Mapping[str, Any]] | None) -> bool:
+    """Whether `layers` (`layer_slices`) hold `OutMajor` projections."""
+    return bool(layers) and isinstance(layers[0].get("q_proj"), OutMajor)
 
 
 def unstack_cache(cache: KVCache) -> KVCache:
@@ -57,8 +75,9 @@ def _dtype(name: str) -> jnp.dtype:
 
 
 __all__ = ["NEG_INF", "DecoderLayers", "KVCache", "Transformer", "attention", "build_model", "causal_mask",
-           "default_segments_positions", "dense", "layer_forward", "loops_layers", "param_count", "resolve_attention",
-           "rms_norm", "run_layers", "segment_positions", "split_layers", "target_platform", "unstack_cache"]
+           "default_segments_positions", "dense", "layer_forward", "loops_layers", "out_major_layers", "param_count",
+           "resolve_attention", "rms_norm", "run_layers", "segment_positions", "split_layers", "target_platform",
+           "unstack_cache"]
 
 
 def rms_norm(x: Float[Array, "... d"], weight: Float[Array, " d"], eps: float) -> Float[Array, "... d"]:
@@ -355,7 +374,13 @@ class Transformer(nnx.Module):
         x = constrain(jnp.take(table, ids, axis=0), (None, None, "embed")).astype(_dtype(self.cfg.dtype))
         return constrain(x, ("batch", "length", "act_embed"))
 
-    def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
+    def logits_from_hidden(self, h: Float[Array, "b t d"], out_major: bool = False) -> Float[Array, "b t v"]:
+        """`out_major`: multiply the head as an `OutMajor` weight (CPU decode steps, see `layer_slices`):
+        the tied embedding already is one; an untied head is transposed, which XLA hoists out of a
+        decode loop (once per call)."""
+        if out_major:
+            w = OutMajor(self.embed[...]) if self.cfg.tie_embeddings else OutMajor.of(self.lm_head[...])
+            return constrain(dense(h, w.astype(h.dtype), out_dtype=jnp.float32), ("batch", "length", "act_vocab"))
         w = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
         logits = dense(h, w.astype(h.dtype), out_dtype=jnp.float32)
         return constrain(logits, ("batch", "length", "act_vocab"))
@@ -408,12 +433,19 @@ class Transformer(nnx.Module):
         return h
 
     # -- decoding --------------------------------------------------------------------------------
-    def layer_slices(self) -> list[dict[str, jax.Array]]:
+    def layer_slices(self, out_major: bool = False) -> list[dict[str, Any]]:
         """Each layer's weights as its own arrays (static slices of the stacked ones: one copy of the
         weights). Taken once before a decode loop and passed as `layers=`, they spare the loop the
-        per-token weight copies a scan over stacked layers costs on XLA:CPU."""
+        per-token weight copies a scan over stacked layers costs on XLA:CPU.
+        `out_major`: the projection matrices as `OutMajor` weights (the layout XLA:CPU streams fastest
+        for a few rows; a prefill's many rows gain nothing from it), and `forward_cached` then
+        multiplies the head the same way."""
         stacked = self.layers.arrays()
-        return [{n: a[i] for n, a in stacked.items()} for i in range(self.cfg.num_layers)]
+        layers = [{n: a[i] for n, a in stacked.items()} for i in range(self.cfg.num_layers)]
+        if out_major:
+            layers = [{n: OutMajor.of(a, PROJ_IN_DIMS[n]) if n in PROJ_IN_DIMS else a for n, a in p.items()}
+                      for p in layers]
+        return layers
 
     def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
         cfg = self.cfg
@@ -439,7 +471,7 @@ class Transformer(nnx.Module):
         `layer_slices`."""
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         h, cache = self.trunk_cached(x, positions, token_mask, cache, layers)
-        return self.logits_from_hidden(h), cache
+        return self.logits_from_hidden(h, out_major=out_major_layers(layers)), cache
 
     def trunk_cached(
         self,

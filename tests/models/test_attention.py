@@ -58,6 +58,27 @@ def test_dense_is_one_2d_matmul_on_cpu_and_the_einsum_elsewhere_with_equal_value
     assert got_cpu[0].shape == () and got_cpu[1].shape == x.shape and got_cpu[2].shape == w.shape
 
 
+@pytest.mark.parametrize("contract", [1, 2])
+def test_an_out_major_weight_gives_the_same_projection_as_out_major_matmul_xla_keeps(contract):
+    """`OutMajor.of(w)` holds w as [*out, *in]; `dense` multiplies it as wt @ x^T and XLA keeps that form
+    (the barriers stop its simplifier from turning it back into x @ wt^T). Same values as the plain weight."""
+    import re
+
+    from dlr_jax.models.attention import OutMajor, dense
+
+    rs = np.random.RandomState(1)
+    x = jnp.asarray(rs.randn(4, 1, *(8, 6)[:contract]), jnp.float32)
+    w = jnp.asarray(rs.randn(*(8, 6)[:contract], 5, 3), jnp.float32)
+    om = jax.jit(lambda x, w: dense(x, OutMajor.of(w, contract), contract=contract))
+    np.testing.assert_allclose(om(x, w), dense(x, w, contract=contract), rtol=1e-6, atol=1e-6)
+    assert OutMajor.of(w, contract).wt.shape == (5, 3, *(8, 6)[:contract])
+    dots = re.findall(r"= f32\[([\d,]+)\]\{[\d,]+\} dot\([^)]*\), lhs_contracting_dims=\{(\d)\}, "
+                      r"rhs_contracting_dims=\{(\d)\}", om.lower(x, w).compile().as_text())
+    assert dots == [("15,4", "1", "0")], dots  # [out, rows] = [out, in] @ [in, rows]
+    with pytest.raises(ValueError, match="contract"):
+        dense(x, OutMajor.of(w, contract), contract=3 - contract)
+
+
 @pytest.mark.parametrize("name", ["auto", "xla", "einsum", "cudnn"])
 def test_every_attention_setting_gives_the_same_outputs_on_cpu(name):
     from dlr_jax.models.attention import attention, causal_mask
