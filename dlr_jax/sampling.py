@@ -44,14 +44,16 @@ from dlr_jax.sharding import activation_rules, host_value, host_values, logical_
 _STOP_SLOTS = 8  # stop-id arrays are padded to a multiple of this, so their count rarely recompiles
 
 # XLA:CPU hands dots to YNNPACK by default, fused with their neighbours. For the prefill and teacher-
-# forced scoring (many rows) XLA's own (Eigen) dot kernels are 1.06-1.12x faster, with the same tokens
-# (paired: BENCHMARKS, sampling). Training keeps the default (no difference there). CPU only; options
-# of the pinned jaxlib.
+# forced scoring (many rows) XLA's own (Eigen) dot kernels are 1.06-1.11x faster than those fusions and
+# 1.08-1.16x faster than YNNPACK's individual dots, with the same tokens (BENCHMARKS, sampling).
+# Training keeps the default (no difference there). CPU only; options of the pinned jaxlib.
 CPU_SAMPLER_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # The decode loop's matmuls are skinny (a few rows, every weight read once per token). There YNNPACK
 # taking each dot on its own, unfused, with the weights out-major (`attention.OutMajor`), streams them
 # fastest: the step 1.33x faster than Eigen's kernels on the usual layout (32 -> 24 ms on the sampling
 # benchmark's model; YNNPACK dots alone 1.15x, out-major on Eigen alone ~1.05x), same greedy tokens.
+# Measured with the layers unstacked (`unstack_layers`, the CPU default); a layer scan keeps
+# CPU_SAMPLER_OPTIONS.
 CPU_DECODE_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
@@ -156,7 +158,8 @@ class Sampler:
         fusions read the slices, and the extra weight copy would cost device memory; not measured there
         yet). Compile time grows with depth when on.
         `compiler_options`: XLA options for the prefill, decode and scoring compiles; None = on CPU devices
-        `CPU_DECODE_OPTIONS` for the decode loop and `CPU_SAMPLER_OPTIONS` for the rest, none elsewhere."""
+        `CPU_DECODE_OPTIONS` for an unstacked decode loop and `CPU_SAMPLER_OPTIONS` for the rest, none
+        elsewhere."""
         if prompt_bucket < 1:
             raise ValueError(f"prompt_bucket must be >= 1, got {prompt_bucket}")
         self.graphdef, self.state = _split(model_or_split)
@@ -170,7 +173,7 @@ class Sampler:
         decode_options = compiler_options
         if compiler_options is None:
             compiler_options = CPU_SAMPLER_OPTIONS if on_cpu else {}
-            decode_options = CPU_DECODE_OPTIONS if on_cpu else {}
+            decode_options = (CPU_DECODE_OPTIONS if self.unstack_layers else CPU_SAMPLER_OPTIONS) if on_cpu else {}
         self.compiler_options = dict(compiler_options) or None
         self.decode_compiler_options = dict(decode_options) or None
         self.mesh, self.rules = mesh, rules

@@ -338,8 +338,9 @@ def test_out_major_weight_copies_stay_sharded_on_a_tensor_parallel_mesh():
 
     if jax.device_count() < 8:
         pytest.skip(f"needs 8 devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), have {jax.device_count()}")
-    # Head counts the tensor axis divides, and no shard of one weight with another weight's whole shape.
-    cfg = dataclasses.replace(CFG, num_heads=8, num_kv_heads=4, head_dim=8)
+    # A vocabulary and head counts the tensor axis divides (as padded vocabularies do), and no shard of
+    # one weight with another weight's whole shape.
+    cfg = dataclasses.replace(CFG, vocab_size=96, num_heads=8, num_kv_heads=4, head_dim=8)
     mesh = make_mesh(2, 1, 4, devices=jax.devices()[:8])
     model = create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
     s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
@@ -354,6 +355,11 @@ def test_out_major_weight_copies_stay_sharded_on_a_tensor_parallel_mesh():
     shards = {sh for op, sh in made if "copy" in op or "transpose" in op}
     assert (cfg.intermediate_size // 4, cfg.hidden_size) in shards  # gate/up out-major, this device's rows
     assert not [(op, sh) for op, sh in made if sh in whole], [(op, sh) for op, sh in made if sh in whole]
+    # The untied head's out-major shard [v / 4, d] is copied once, before the loop, not every token.
+    head = re.compile(rf"= f32\[{cfg.vocab_size // 4},{cfg.hidden_size}\]\{{[\d,]+\}} (?:fusion|copy|transpose)\(")
+    body = re.search(r" while\(.*?body=%([\w.-]+)", hlo).group(1)
+    assert head.findall(_computation(hlo, re.search(r"^ENTRY %([\w.-]+)", hlo, re.M).group(1)))
+    assert not head.findall(_computation(hlo, body))
 
 
 def test_decode_loop_reads_layer_weights_without_copying_them(model):
@@ -412,7 +418,9 @@ def test_cpu_decode_multiplies_out_major_weights_as_individual_ynnpack_dots(mode
     assert tuned_sampler.decode_compiler_options == CPU_DECODE_OPTIONS
     tuned, tokens = _decode_hlo(tuned_sampler, prompts)
     default, default_tokens = _decode_hlo(make({}), prompts)
-    scanned, scanned_tokens = _decode_hlo(make(None, unstack=False), prompts)
+    scanned_sampler = make(None, unstack=False)
+    assert scanned_sampler.decode_compiler_options == CPU_SAMPLER_OPTIONS  # measured unstacked only
+    scanned, scanned_tokens = _decode_hlo(scanned_sampler, prompts)
     b, v, d, m = len(prompts), CFG.vocab_size, CFG.hidden_size, CFG.intermediate_size
 
     def ynn_dots(hlo: str) -> set[str]:  # result shapes of YNNPACK fusions that hold one dot and no other op
@@ -425,10 +433,12 @@ def test_cpu_decode_multiplies_out_major_weights_as_individual_ynnpack_dots(mode
 
     # Out-major results [out, rows]: the MLP's up/gate [m, b] and down [d, b], the head [v, b].
     assert {f"{m},{b}", f"{d},{b}", f"{v},{b}"} <= ynn_dots(tuned), ynn_dots(tuned)
-    assert not ynn_dots(scanned) & {f"{m},{b}", f"{v},{b}"}  # the control: the scan keeps [rows, out]
+    # The control: the scan's loop multiplies [rows, in] @ [in, out] on XLA's own dots.
+    eigen_dots = set(re.findall(r"= f32\[([\d,]+)\]\{[\d,]+\} dot\(", scanned))
+    assert {f"{b},{m}", f"{b},{v}"} <= eigen_dots and not ynn_dots(scanned), eigen_dots
     # The head's transposed copy [v, d] is made before the loop, not in its body.
     body = re.search(r" while\(.*?body=%([\w.-]+)", tuned).group(1)
-    vocab_sized = re.compile(rf"%(?!get-tuple-element|bitcast|parameter)[\w.-]+ = f32\[(?:{v},{d}|{d},{v})\]")
+    vocab_sized = re.compile(rf"= f32\[(?:{v},{d}|{d},{v})\]\{{[\d,]+\}} (?:fusion|copy|transpose)\(")
     assert not vocab_sized.findall(_computation(tuned, body))
     assert vocab_sized.findall(_computation(tuned, re.search(r"^ENTRY %([\w.-]+)", tuned, re.M).group(1)))
     np.testing.assert_array_equal(tokens, default_tokens)

@@ -97,8 +97,9 @@ def attention(
 class OutMajor:
     """A projection weight stored output dims first, [*out, *in] (PyTorch's layout), which `dense`
     multiplies as `wt @ x^T` for the few rows of a CPU decode step. Why: over weights that are not in
-    cache, XLA:CPU's dot kernels stream the MLP's [16, k] @ [k, n] matmuls at 6.8-8.5 GB/s and the same
-    products as [n, k] @ [k, 16] at 10.1-11.4 GB/s (BENCHMARKS, sampling).
+    cache, XLA:CPU's Eigen dot kernels stream the MLP's [16, k] @ [k, n] matmuls at 6.8-8.5 GB/s and the
+    same products as [n, k] @ [k, 16] at 10.1-11.4 GB/s; YNNPACK's individual dots, which the CPU decode
+    loop uses, gain as well (7.2-7.5 against 8.7-14.6 GB/s; BENCHMARKS, sampling).
     `n_in`: how many trailing dims of `wt` are contracted."""
 
     wt: Float[Array, "*out_in"]
