@@ -14,12 +14,12 @@ from flax import nnx
 
 from dlr_jax.bench.common import Size, header, model_config, timed
 from dlr_jax.config import ModelConfig
+from dlr_jax.models.rope import rope_inv_freq
 from dlr_jax.models.transformer import (
     Transformer,
     causal_mask,
     layer_forward,
     rms_norm,
-    rope_inv_freq,
 )
 
 

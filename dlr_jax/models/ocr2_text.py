@@ -20,16 +20,15 @@ from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ConfigError, ModelConfig
 from dlr_jax.models.moe import MoeConfig, MoeLayers, moe_forward
+from dlr_jax.models.rope import apply_rope, rope_inv_freq
 from dlr_jax.models.transformer import (
     LAYER_PARAM_AXES,
     _remat,
-    apply_rope,
     attention,
     causal_mask,
     default_segments_positions,
     dense,
     rms_norm,
-    rope_inv_freq,
 )
 from dlr_jax.models.transformer import _param as param
 from dlr_jax.sharding import constrain
