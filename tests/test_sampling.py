@@ -331,7 +331,8 @@ def test_decode_loop_on_a_sampling_layout_gathers_no_weights():
 def test_out_major_weight_copies_stay_sharded_on_a_tensor_parallel_mesh():
     """The CPU decode loop multiplies out-major copies of the layer weights (`layer_slices(out_major=
     True)`): on a tensor-parallel layout each device copies only its own shard, and nothing in the
-    program holds a whole layer weight in any dim order (gathered, copied or transposed)."""
+    program holds a whole layer weight in any dim order (gathered, copied or transposed), nor the
+    whole embedding table or head (the token lookup is vocabulary-parallel: `models/embedding.py`)."""
     import dataclasses
 
     from dlr_jax.sharding import create_sharded, make_mesh
@@ -345,8 +346,8 @@ def test_out_major_weight_copies_stay_sharded_on_a_tensor_parallel_mesh():
     model = create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh)
     s = Sampler(model, mesh=mesh, prompt_bucket=16, max_total_len=MAX_TOTAL)
     hlo, _ = _decode_hlo(s, _prompts(3, [5, 9, 12, 7, 3, 11, 6, 8]))
-    whole = set()  # each layer weight's full shape, in any dim order
-    for x in jax.tree.leaves(nnx.state(model.layers, nnx.Param)):
+    whole = {(cfg.vocab_size, cfg.hidden_size), (cfg.hidden_size, cfg.vocab_size)}  # the embedding and head
+    for x in jax.tree.leaves(nnx.state(model.layers, nnx.Param)):  # each layer weight, in any dim order
         if x.ndim >= 3:
             whole |= set(itertools.permutations(x.shape[1:]))
     made = [(op, tuple(int(d) for d in shape.split(",")))

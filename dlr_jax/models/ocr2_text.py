@@ -19,6 +19,7 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ConfigError, ModelConfig
+from dlr_jax.models.embedding import lookup_rows
 from dlr_jax.models.moe import MoeConfig, MoeLayers, moe_forward
 from dlr_jax.models.rope import apply_rope, rope_inv_freq
 from dlr_jax.models.transformer import (
@@ -118,9 +119,7 @@ class Ocr2TextModel(nnx.Module):
             self.lm_head = param(rngs, (d, b.vocab_size), ("embed", "vocab"), pd)
 
     def embed_tokens(self, input_ids: Int[Array, "b t"]) -> Float[Array, "b t d"]:
-        table = constrain(self.embed[...], (None, None))
-        x = jnp.take(table, input_ids, axis=0).astype(jnp.dtype(self.cfg.base.dtype))
-        return constrain(x, ("batch", "length", "act_embed"))
+        return lookup_rows(self.embed[...], input_ids).astype(jnp.dtype(self.cfg.base.dtype))
 
     def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
         w = self.embed[...].T if self.cfg.base.tie_embeddings else self.lm_head[...]

@@ -31,6 +31,7 @@ from dlr_jax.models.attention import (
     resolve_attention,
     target_platform,
 )
+from dlr_jax.models.embedding import lookup_rows
 from dlr_jax.models.rope import apply_rope, rope_inv_freq
 from dlr_jax.sharding import constrain
 
@@ -326,14 +327,8 @@ class Transformer(nnx.Module):
 
     # -- vocabulary seams ------------------------------------------------------------------------
     def embed_tokens(self, input_ids: Int[Array, "b t"]) -> Float[Array, "b t d"]:
-        # Gather rows from a table split only on its embed dim: each device gathers its columns of
-        # the looked-up rows (a gather from a table sharded on both dims makes SPMD fall back to full
-        # rematerialisation; a replicated view would all-gather the whole fp32 table onto every
-        # device: ~4 GB for a 128k x 8k vocabulary). Only the gathered rows are cast.
-        table = constrain(self.embed[...], (None, "embed"))
-        ids = constrain(input_ids, (None, None))  # small: every device looks up every id, for its columns
-        x = constrain(jnp.take(table, ids, axis=0), (None, None, "embed")).astype(_dtype(self.cfg.dtype))
-        return constrain(x, ("batch", "length", "act_embed"))
+        # Only the looked-up rows are cast; the table is never gathered whole (`lookup_rows`).
+        return lookup_rows(self.embed[...], input_ids).astype(_dtype(self.cfg.dtype))
 
     def logits_from_hidden(self, h: Float[Array, "b t d"], out_major: bool = False) -> Float[Array, "b t v"]:
         """`out_major`: multiply the head as an `OutMajor` weight (CPU decode steps, see `layer_slices`):

@@ -1,6 +1,6 @@
 """Vocabulary-sized work in chunks: chunked per-token log-probs and their gradients equal the
-written-out unchunked loss; no [batch, seq, vocab] fp32 buffer in the compiled chunked step; the
-embedding lookup gathers rows without all-gathering the table."""
+written-out unchunked loss; no [batch, seq, vocab] fp32 buffer in the compiled chunked step (the
+embedding lookup: tests/models/test_embedding.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax import sharding as sh
 from dlr_jax.config import ModelConfig
 from dlr_jax.models.transformer import Transformer
 from dlr_jax.models.vocab_chunks import chunk_len, token_stats
@@ -80,23 +79,6 @@ def test_chunk_len_fits_the_budget():
     assert chunk_len(32, 256, 1000) == 256  # tiny configs: one chunk, no loop
     c = chunk_len(64, 256, 138_000)  # llama3 vocab + latents
     assert 1 <= c < 256 and 64 * c * 138_000 <= 2**27
-
-
-@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 fake devices (XLA_FLAGS)")
-def test_embedding_lookup_does_not_all_gather_the_table():
-    cfg = ModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=1, num_heads=8,
-                      num_kv_heads=8, head_dim=8)
-    mesh = sh.make_mesh(1, 8, 1)
-    graphdef, state = nnx.split(sh.create_sharded(lambda: Transformer(cfg, rngs=nnx.Rngs(0)), mesh))
-    ids = jax.device_put(jnp.arange(128, dtype=jnp.int32).reshape(8, 16) * 7,
-                         jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"))))
-    with sh.use_mesh(mesh):
-        f = jax.jit(lambda s, i: nnx.merge(graphdef, s).embed_tokens(i))
-        txt = f.lower(state, ids).compile().as_text()
-        out = f(state, ids)
-    gathers = [line for line in txt.splitlines() if "all-gather(" in line]
-    assert gathers and not any("f32[1024,64]" in g for g in gathers), gathers  # only the ids are gathered
-    np.testing.assert_array_equal(out, np.asarray(state["embed"][...])[np.asarray(ids)])
 
 
 def test_a_hit_is_the_largest_finite_target_logit():
