@@ -119,7 +119,7 @@ class Ocr2TextModel(nnx.Module):
             self.lm_head = param(rngs, (d, b.vocab_size), ("embed", "vocab"), pd)
 
     def embed_tokens(self, input_ids: Int[Array, "b t"]) -> Float[Array, "b t d"]:
-        return lookup_rows(self.embed[...], input_ids).astype(jnp.dtype(self.cfg.base.dtype))
+        return lookup_rows(self.embed[...], input_ids, jnp.dtype(self.cfg.base.dtype))
 
     def logits_from_hidden(self, h: Float[Array, "b t d"]) -> Float[Array, "b t v"]:
         w = self.embed[...].T if self.cfg.base.tie_embeddings else self.lm_head[...]

@@ -327,8 +327,8 @@ class Transformer(nnx.Module):
 
     # -- vocabulary seams ------------------------------------------------------------------------
     def embed_tokens(self, input_ids: Int[Array, "b t"]) -> Float[Array, "b t d"]:
-        # Only the looked-up rows are cast; the table is never gathered whole (`lookup_rows`).
-        return lookup_rows(self.embed[...], input_ids).astype(_dtype(self.cfg.dtype))
+        # Only the looked-up rows are cast; `lookup_rows` says when a table's vocab dim is gathered.
+        return lookup_rows(self.embed[...], input_ids, _dtype(self.cfg.dtype))
 
     def logits_from_hidden(self, h: Float[Array, "b t d"], out_major: bool = False) -> Float[Array, "b t v"]:
         """`out_major`: multiply the head as an `OutMajor` weight (CPU decode steps, see `layer_slices`):
