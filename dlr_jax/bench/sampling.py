@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from dlr_jax.bench.common import Size, cpu_threads, header, load_average, ratio_refusal, timed
+from dlr_jax.bench.host_rates import copy_bandwidth_gbs, step_matmuls_gbs, stream_gbs, xla_matmul_gflops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,15 +75,19 @@ class SamplingResult:
         return self.size.decode_bytes(self.batch, self.prompt_len + self.new_tokens)
 
     @property
-    def floor_gbs(self) -> float:
-        """The streaming rate the floor assumes: the step's own weight matmuls' where measured, else one
-        large matmul's."""
-        return self.stream_gbs if math.isnan(self.step_stream_gbs) else self.step_stream_gbs
+    def floor_ms(self) -> float:
+        """The decode step if it did nothing but read `step_bytes` at the rate one large matmul streams."""
+        return self.step_bytes / (self.stream_gbs * 1e6)
 
     @property
-    def floor_ms(self) -> float:
-        """The decode step if it did nothing but read `step_bytes` at `floor_gbs`."""
-        return self.step_bytes / (self.floor_gbs * 1e6)
+    def weight_bytes(self) -> int:
+        """Weight bytes a decode step reads (every layer's projections and the head)."""
+        return self.size.decode_bytes(self.batch, 0)
+
+    @property
+    def matmuls_ms(self) -> float:
+        """The step's weight matmuls alone, as the decode loop multiplies them (`step_matmuls_gbs`)."""
+        return self.weight_bytes / (self.step_stream_gbs * 1e6)
 
     @property
     def ours_tps(self) -> float:
@@ -113,80 +117,6 @@ def build_hf_llama(size: Size, out_dir: Path, seed: int = 0) -> Any:
     model.save_pretrained(out_dir)
     return model
 
-
-
-def copy_bandwidth_gbs(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-    """Best-of-`repeats` host memory copy bandwidth (bytes read + written per second), in GB/s."""
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # first touch of `dst` pays page faults, not bandwidth
-    best = min(timed(lambda: np.copyto(dst, src))[0] for _ in range(repeats))
-    return 2 * nbytes / best / 1e9
-
-
-def xla_matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
-    """Best-of-`repeats` GFLOP/s of one jitted fp32 [m, k] @ [k, n] on this machine, now."""
-    rng = np.random.default_rng(0)
-    a = jax.device_put(rng.standard_normal((m, k), np.float32))
-    b = jax.device_put(rng.standard_normal((k, n), np.float32))
-    dot = jax.jit(lambda x, y: x @ y)
-    dot(a, b).block_until_ready()
-    best = min(timed(lambda: dot(a, b).block_until_ready())[0] for _ in range(repeats))
-    return 2 * m * k * n / best / 1e9
-
-
-def stream_gbs(batch: int, k: int = 1 << 15, n: int = 2048, repeats: int = 5) -> float:
-    """Best-of-`repeats` rate (GB/s of weights) of one fp32 projection of `batch` rows by a weight of
-    [k, n] (256 MB at the defaults: far larger than the caches) in the form and with the options of the
-    sampler's CPU decode loop (an out-major weight, `CPU_DECODE_OPTIONS`): how fast a decode step's
-    matmuls can stream weights from memory on this machine."""
-    from dlr_jax.models.attention import OutMajor, dense
-    from dlr_jax.sampling import CPU_DECODE_OPTIONS
-
-    rng = np.random.default_rng(0)
-    x = jax.device_put(rng.standard_normal((batch, k), np.float32))
-    w = jax.device_put(rng.standard_normal((n, k), np.float32))  # out-major: [n, k]
-    opts = CPU_DECODE_OPTIONS if jax.default_backend() == "cpu" else None
-    dot = jax.jit(lambda a, b: dense(a, OutMajor(b)), compiler_options=opts)
-    dot(x, w).block_until_ready()
-    best = min(timed(lambda: dot(x, w).block_until_ready())[0] for _ in range(repeats))
-    return w.nbytes / best / 1e9
-
-
-def step_matmuls_gbs(size: Size, batch: int, iters: int = 16, repeats: int = 3, seed: int = 0) -> float:
-    """Best-of-`repeats` rate (GB/s of weights) of a decode step's own weight matmuls and nothing else:
-    `batch` rows through every layer's q, k, v, o, gate, up and down projections and the untied head,
-    each weight distinct and out-major, with `CPU_DECODE_OPTIONS`, `iters` steps in one `fori_loop`.
-    Unlike `stream_gbs` (one large matmul) this has the step's working set and its many small dots:
-    a CPU streams a few tens of MB from its last-level cache several times faster than the step's
-    ~100+ MB, so it is the rate a step's weights can be read at, whatever else the step does."""
-    from dlr_jax.models.attention import OutMajor, dense
-    from dlr_jax.sampling import CPU_DECODE_OPTIONS
-
-    d, f, hd = size.hidden, size.mlp, size.hidden // size.heads
-    q, kv = size.heads * hd, size.kv_heads * hd
-    rng = np.random.default_rng(seed)
-    w = lambda *shape: jax.device_put((0.02 * rng.standard_normal(shape)).astype(np.float32))  # noqa: E731
-    layers = [{"q": w(q, d), "k": w(kv, d), "v": w(kv, d), "o": w(d, q), "gate": w(f, d), "up": w(f, d),
-               "down": w(d, f)} for _ in range(size.layers)]
-    weights = (layers, w(size.vocab, d))
-    nbytes = sum(x.nbytes for x in jax.tree.leaves(weights))
-
-    def step(ws, x):
-        layers, head = ws
-        for lw in layers:  # each output feeds the next: nothing is hoisted or dropped
-            mm = lambda a, name, lw=lw: dense(a, OutMajor(lw[name]))  # noqa: E731
-            kv_sum = mm(x, "k").sum(-1, keepdims=True) + mm(x, "v").sum(-1, keepdims=True)
-            x = x + 1e-3 * (mm(mm(x, "q"), "o") + mm(mm(x, "gate") * mm(x, "up"), "down") + kv_sum)
-        return x + 1e-6 * dense(x, OutMajor(head)).max(-1, keepdims=True)
-
-    run = jax.jit(lambda ws, x: jax.lax.fori_loop(0, iters, lambda _, x: step(ws, x), x))
-    if jax.default_backend() == "cpu":
-        run = run.lower(weights, jnp.zeros((batch, d), jnp.float32)).compile(compiler_options=CPU_DECODE_OPTIONS)
-    x0 = jax.device_put(rng.standard_normal((batch, d)).astype(np.float32))
-    run(weights, x0).block_until_ready()
-    best = min(timed(lambda: run(weights, x0).block_until_ready())[0] for _ in range(repeats))
-    return nbytes * iters / best / 1e9
 
 
 def token_agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, int, float]:
@@ -329,8 +259,12 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str], all
         f"{res.batch} x {res.size.hidden} @ {res.size.hidden} x {res.size.mlp}, {res.peak_gflops:.0f} at 1024^3) "
         f"| {flops(step_o)} | {flops(step_h)} |",
         f"| decode step floor ms: {res.step_bytes / 1e6:.0f} MB read a step (layer weights, head, a KV cache of "
-        f"{res.prompt_len + res.new_tokens} slots) at {res.floor_gbs:.1f} GB/s ({floor_rate(res)}) "
-        f"| {res.floor_ms:.1f} | |",
+        f"{res.prompt_len + res.new_tokens} slots) at {res.stream_gbs:.1f} GB/s (a {res.batch}-row matmul over "
+        f"256 MB of out-major weights, as the decode loop multiplies them) | {res.floor_ms:.1f} | |",
+        *([] if math.isnan(res.step_stream_gbs) else [
+            f"| the step's weight matmuls alone ms: {res.weight_bytes / 1e6:.0f} MB of weights at "
+            f"{res.step_stream_gbs:.1f} GB/s (every layer's projections and the head, out-major, in a loop: "
+            f"`bench.host_rates.step_matmuls_gbs`) | {res.matmuls_ms:.1f} | |"]),
         "",
     ]
     same = (f"Greedy tokens identical at {100 * res.identical_frac:.1f}% of positions; {res.identical_rows}/"
@@ -345,15 +279,6 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str], all
     return "\n".join(lines) + "\n"
 
 
-def floor_rate(res: SamplingResult) -> str:
-    """Where the floor's streaming rate comes from, in words."""
-    big = f"one {res.batch}-row matmul over 256 MB of out-major weights streams {res.stream_gbs:.1f} GB/s"
-    if math.isnan(res.step_stream_gbs):
-        return big
-    return (f"the rate of the step's own weight matmuls alone, out-major, layer after layer, as the decode loop "
-            f"multiplies them; {big}")
-
-
 def interpret_sampling(res: SamplingResult) -> str:
     """One line from the measured numbers: where the speed-up comes from and what bounds it."""
     ratio = res.ours_tps / res.hf_tps
@@ -364,9 +289,9 @@ def interpret_sampling(res: SamplingResult) -> str:
     step = f"{step_h / step_o:.1f}x" if step_o > 0 else "n/a"
     streamed = res.param_bytes / (step_o * 1e6) if step_o > 0 else 0.0
     rate = res.step_bytes / (step_o * 1e6) if step_o > 0 else 0.0
-    if not math.isnan(res.floor_gbs) and rate > 0.8 * res.floor_gbs:
+    if not math.isnan(res.stream_gbs) and rate > 0.8 * res.stream_gbs:
         limits = (f"our decode step reads its {res.step_bytes / 1e6:.0f} MB at {rate:.1f} GB/s, near the "
-                  f"{res.floor_gbs:.1f} GB/s at which its own matmuls stream weights here, so it is "
+                  f"{res.stream_gbs:.1f} GB/s at which a {res.batch}-row matmul streams weights here, so it is "
                   "memory-bound; only fewer bytes (bf16 weights, a cache read up to its filled length) would "
                   "make it faster.")
     elif streamed > 0.5 * res.copy_gbs:
@@ -376,8 +301,8 @@ def interpret_sampling(res: SamplingResult) -> str:
     else:
         limits = (f"our decode step moves the weights at only {streamed:.1f} GB/s of the host's "
                   f"{res.copy_gbs:.1f} GB/s copy bandwidth"
-                  + (f" ({rate:.1f} GB/s with the KV cache, against the {res.floor_gbs:.1f} GB/s its own "
-                     "matmuls stream alone)" if rate > 0 and not math.isnan(res.floor_gbs) else "")
+                  + (f" ({rate:.1f} GB/s with the KV cache, against the {res.stream_gbs:.1f} GB/s a "
+                     f"{res.batch}-row matmul streams)" if rate > 0 and not math.isnan(res.stream_gbs) else "")
                   + ": per-step work beyond streaming the weights (attention over the whole cache, "
                   "softmax, cache writes, norms) and CPU time taken by other processes on these 2 shared "
                   "cores (see the spread of the repeats) make up the rest.")
@@ -392,12 +317,19 @@ def interpret_sampling(res: SamplingResult) -> str:
                    f"({res.gemm_gflops:.0f}) and {need / res.peak_gflops:.1f}x its best at 1024^3 "
                    f"({res.peak_gflops:.0f})" + (" -- out of reach on this machine at fp32 for any sampler."
                                                  if need > res.peak_gflops else "."))
-    if step_o > 0 and not math.isnan(res.floor_gbs):
-        limits += (f" Memory: a step reads at least {res.step_bytes / 1e6:.0f} MB (weights and the KV cache); at "
-                   f"{res.floor_gbs:.1f} GB/s ({floor_rate(res)}), no step is "
+    if step_o > 0 and not math.isnan(res.stream_gbs):
+        limits += (f" Memory: a step reads at least {res.step_bytes / 1e6:.0f} MB (weights and the KV cache); at the "
+                   f"{res.stream_gbs:.1f} GB/s a {res.batch}-row matmul streams weights on this machine no step is "
                    f"faster than {res.floor_ms:.1f} ms, so at most {step_h / res.floor_ms:.1f}x transformers' step "
                    f"is reachable here at fp32 (ours is {res.floor_ms / step_o:.2f} of the way: {step_o:.1f} ms)"
                    + (f"; the 3x step ({need_ms:.1f} ms) is below that floor." if need_ms < res.floor_ms else "."))
+    if step_o > 0 and not math.isnan(res.step_stream_gbs):
+        dots = 7 * res.size.layers + 1
+        limits += (f" Our step's weight matmuls alone, as the loop multiplies them ({dots} dots, one a weight, "
+                   f"layer after layer), take {res.matmuls_ms:.1f} ms: {res.step_stream_gbs:.1f} GB/s, slower "
+                   f"than the one large matmul; the other {step_o - res.matmuls_ms:.1f} ms of our step are "
+                   "attention over the whole cache, the softmax and argmax over the vocabulary, cache writes, "
+                   "norms and the loop's per-op overhead.")
     if step_o > 0 and step_h >= step_o:
         where = (f"The gain is in the decode step ({step} faster: the whole loop is one XLA `while_loop` with "
                  "the KV cache updated in place and each matmul a YNNPACK dot on out-major weights, against "
