@@ -71,7 +71,7 @@ def lookup_rows(
     replicated: a gather from a table split on both its dims and indices split on another axis is
     what SPMD handled badly); otherwise each device looks up its own batch rows."""
     v, d = table.shape
-    dtype = jnp.dtype(dtype or table.dtype)
+    dtype = jnp.dtype(table.dtype if dtype is None else dtype)
     spec = _spec(TABLE_AXES, (v, d))
     id_axes = (None, None) if spec is not None and spec[1] is not None else ("batch", "length")
     # One sentinel for every invalid id (take would wrap a negative one): a zero row on both paths.

@@ -162,12 +162,10 @@ def test_render_sampling_has_the_table_and_verdict(sampling_result):
     # ... and the memory floor: the bytes a step must read at the measured streaming rate.
     assert sampling_result.stream_gbs > 0 and "| decode step floor ms" in text
     assert f"no step is faster than {timed_res.floor_ms:.1f} ms" in text
-    assert timed_res.floor_ms == timed_res.step_bytes / (sampling_result.stream_gbs * 1e6)
     # ... and the step's weight matmuls alone, as the loop multiplies them: their bytes are every weight
     # the step reads (the KV cache aside), and the rest of our step is said in ms.
     res = sampling_result
     assert res.step_stream_gbs > 0
-    assert res.matmuls_ms == pytest.approx(res.weight_bytes / (res.step_stream_gbs * 1e6))
     assert f"| the step's weight matmuls alone ms: {res.weight_bytes / 1e6:.0f} MB" in text
     assert f"take {timed_res.matmuls_ms:.1f} ms" in text and f"{7 * TINY.layers + 1} dots" in text
     unmeasured = dataclasses.replace(timed_res, step_stream_gbs=float("nan"))
