@@ -37,6 +37,7 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from dlr_jax.config import ConfigError
+from dlr_jax.models.grid_attention import SCORES_BUDGET, grid_attention
 from dlr_jax.models.transformer import _remat
 from dlr_jax.sharding import constrain
 
@@ -203,8 +204,12 @@ def conv2d(
     )
 
 
-def sam_attention(cfg: VisionConfig, p: Mapping[str, jax.Array], x: Float[Array, "b h w d"]) -> jax.Array:
-    """Multi-head self-attention over an h x w grid with decomposed relative position bias."""
+def sam_attention(
+    cfg: VisionConfig, p: Mapping[str, jax.Array], x: Float[Array, "b h w d"],
+    scores_budget: int | None = SCORES_BUDGET,
+) -> jax.Array:
+    """Multi-head self-attention over an h x w grid with decomposed relative position bias
+    (`grid_attention`: queries in chunks of grid rows past `scores_budget`)."""
     b, h, w, _ = x.shape
     dt = x.dtype
     q = jnp.einsum("byxd,dnk->byxnk", x, p["q_proj"].astype(dt))
@@ -216,15 +221,7 @@ def sam_attention(cfg: VisionConfig, p: Mapping[str, jax.Array], x: Float[Array,
                     p["rel_pos_h"].astype(jnp.float32))
     rw = jnp.einsum("qkr,rc->qkc", jnp.asarray(rel_pos_matrix(p["rel_pos_w"].shape[0], w), jnp.float32),
                     p["rel_pos_w"].astype(jnp.float32))
-    # The bias uses the unscaled query, as in SAM.
-    bias_h = jnp.einsum("byxnc,ykc->bnyxk", q, rh.astype(dt), preferred_element_type=jnp.float32)
-    bias_w = jnp.einsum("byxnc,xkc->bnyxk", q, rw.astype(dt), preferred_element_type=jnp.float32)
-    bias = (bias_h[..., :, None] + bias_w[..., None, :]).reshape(b, cfg.num_heads, h * w, h * w)
-    t = h * w
-    qf, kf, vf = (a.reshape(b, t, cfg.num_heads, cfg.head_dim) for a in (q, k, v))
-    scores = jnp.einsum("bqnc,bsnc->bnqs", qf, kf, preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(scores / math.sqrt(cfg.head_dim) + bias, axis=-1).astype(dt)
-    out = jnp.einsum("bnqs,bsnc->bqnc", probs, vf).reshape(b, h, w, cfg.num_heads, cfg.head_dim)
+    out = grid_attention(q, k, v, rh, rw, scores_budget)
     return jnp.einsum("byxnc,ncd->byxd", out, p["o_proj"].astype(dt)) + p["o_bias"].astype(dt)
 
 
@@ -251,7 +248,7 @@ def sam_block(
     b, h, w, _ = x.shape
     y = layer_norm(x, p["ln1_w"], p["ln1_b"], cfg.layer_norm_eps)
     if window:
-        y = window_unpartition(sam_attention(cfg, p, window_partition(y, window)), window, b, h, w)
+        y = window_unpartition(sam_attention(cfg, p, window_partition(y, window), None), window, b, h, w)
     else:
         y = sam_attention(cfg, p, y)
     x = constrain(x + y, ("batch", None, None, "act_embed"))
