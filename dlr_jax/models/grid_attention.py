@@ -5,8 +5,11 @@ Why chunks: a global block of the from-scratch codebook's encoder at the paper's
 4096 tokens, and its whole fp32 scores and bias ([b, 12, 4096, 4096]: 6 GiB a device for 8 images) were
 the largest values of the codebook stage's deviceless plans. Each chunk holds its rows' scores only and
 is rematerialised in the backward pass. Every query row still attends over every key, so the result is
-the unchunked one up to the matmuls' summation order. Small canvases stay under the budget and run as one
-piece; windowed blocks (many small grids, the windows on the batch dim) never chunk.
+the unchunked one up to the matmuls' summation order. The chunks read fp32 copies of k and v: the
+backward pass sums their gradients over the chunks in the dtype of what the chunks read, and 64 bf16
+roundings of that sum would lose what one matmul's fp32 accumulation keeps. Small canvases stay under
+the budget and run as one piece; windowed blocks (many small grids, the windows on the batch dim) never
+chunk.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-# Scores (fp32 elements: batch x heads x queries x keys) one chunk may hold.
+# Scores (fp32 elements of the global batch: batch x heads x queries x keys) a chunk aims at; a chunk is
+# never less than one grid row, so a large batch gets one-row chunks somewhat above it.
 SCORES_BUDGET = 2**27
 
 
@@ -33,6 +37,7 @@ def _attend(q, k, v, rh, rw):
     tables `rh` [r, h, c] (these rows) and `rw` [w, w, c]: [b, r*w, n, c]."""
     b, r, w, n, c = q.shape
     dt = q.dtype
+    k, v = k.astype(dt), v.astype(dt)
     # The bias uses the unscaled query, as in SAM.
     bias_h = jnp.einsum("byxnc,ykc->bnyxk", q, rh.astype(dt), preferred_element_type=jnp.float32)
     bias_w = jnp.einsum("byxnc,xkc->bnyxk", q, rw.astype(dt), preferred_element_type=jnp.float32)
@@ -56,6 +61,7 @@ def grid_attention(
         return _attend(q, kf, vf, rh, rw).reshape(b, h, w, n, c)
     chunks = h // rows
     qs = q.reshape(b, chunks, rows, w, n, c).swapaxes(0, 1)
-    part = jax.checkpoint(lambda xs: _attend(xs[0], kf, vf, xs[1], rw))
+    k32, v32 = kf.astype(jnp.float32), vf.astype(jnp.float32)
+    part = jax.checkpoint(lambda xs: _attend(xs[0], k32, v32, xs[1], rw), prevent_cse=False)
     out = jax.lax.map(part, (qs, rh.reshape(chunks, rows, h, c)))  # [chunks, b, rows * w, n, c]
     return out.swapaxes(0, 1).reshape(b, h, w, n, c)

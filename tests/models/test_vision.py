@@ -199,3 +199,19 @@ def test_params_carry_logical_axes_known_to_the_sharding_rules():
     shardings = state_shardings(state, mesh)  # raises KeyError on a logical name without a rule
     # hidden_size 32 splits over fsdp=4: the ViT matrices really are sharded.
     assert shardings["windowed"]["fc1"].spec == PartitionSpec(None, "fsdp", "tensor")
+
+
+def test_sam_global_attention_in_query_chunks_equals_the_whole():
+    """`sam_attention` with a scores budget that forces chunks of grid rows (what a 1024-px canvas gets)
+    gives the whole attention's outputs, with the real rel-pos tables and projections."""
+    from dlr_jax.models.vision import SamBlocks, sam_attention
+
+    cfg = TINY_VISION
+    rs = np.random.default_rng(0)
+    arrays = SamBlocks(cfg, 1, 8, rngs=nnx.Rngs(0)).arrays()
+    p = {k: jnp.asarray(rs.standard_normal(v.shape[1:]) * 0.1, jnp.float32) for k, v in arrays.items()}
+    x = jnp.asarray(rs.standard_normal((2, 8, 8, cfg.hidden_size)), jnp.float32)
+    whole = jax.jit(lambda p, x: sam_attention(cfg, p, x, None))(p, x)
+    budget = 2 * 2 * cfg.num_heads * 8 * 64  # two grid rows of queries per chunk
+    chunked = jax.jit(lambda p, x: sam_attention(cfg, p, x, budget))(p, x)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-5, atol=1e-6)
