@@ -21,11 +21,34 @@ import numpy as np
 
 from dlr_jax.files import MissingStageError
 
+
+class ResultsFileError(ValueError):
+    """A results.json that the aggregate cannot use; the message starts with the file (and line)."""
+
+
 METRICS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question")
 
 
 def results_file(workdir: str | Path, stage: str, tag: str = "") -> Path:
     return Path(workdir) / stage / "eval" / (f"results_{tag}.json" if tag else "results.json")
+
+
+def read_results(f: Path) -> dict[str, Any]:
+    """One run's results.json, checked for what the aggregate reads; a damaged or foreign file raises
+    `ResultsFileError` naming it (and the line, for broken JSON)."""
+    what = "expected results.json as `python -m dlr_jax.evaluate` writes it"
+    try:
+        r = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ResultsFileError(f"{f}:{e.lineno}: {what} ({e.msg}: column {e.colno})") from None
+    benches = r.get("benchmarks") if isinstance(r, dict) else None
+    if not isinstance(benches, dict) or not benches:
+        raise ResultsFileError(f"{f}: {what}: no 'benchmarks' object with results in it")
+    for b, m in benches.items():
+        if not (isinstance(m, dict) and "n" in m and isinstance(m.get("pass_at_1"), dict)
+                and "mean" in m["pass_at_1"]):
+            raise ResultsFileError(f"{f}: {what}: benchmark {b!r} has no 'n' and 'pass_at_1.mean'")
+    return r
 
 
 def aggregate(workdirs: Sequence[str | Path], stage: str, *, tag: str = "") -> dict[str, Any]:
@@ -37,13 +60,13 @@ def aggregate(workdirs: Sequence[str | Path], stage: str, *, tag: str = "") -> d
         if not f.is_file():
             raise MissingStageError(f"{f}: not found; run `python -m dlr_jax.evaluate --workdir {w} --stage {stage}"
                                     f"{' --tag ' + tag if tag else ''}` first")
-        runs.append((f, json.loads(f.read_text())))
+        runs.append((f, read_results(f)))
     first_f, first = runs[0]
     benches = list(first["benchmarks"])
     for f, r in runs[1:]:
         if list(r["benchmarks"]) != benches or r.get("mode") != first.get("mode"):
-            raise ValueError(f"{f}: benchmarks {list(r['benchmarks'])} / mode {r.get('mode')!r} differ from "
-                             f"{first_f}: {benches} / {first.get('mode')!r}")
+            raise ResultsFileError(f"{f}: benchmarks {list(r['benchmarks'])} / mode {r.get('mode')!r} differ from "
+                                   f"{first_f}: {benches} / {first.get('mode')!r}")
     out: dict[str, Any] = {"stage": stage, "tag": tag, "mode": first.get("mode"), "runs": [str(f) for f, _ in runs],
                            "std": "population std (ddof=0) over runs of each run's mean over its eval seeds",
                            "benchmarks": {}}

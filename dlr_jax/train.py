@@ -26,6 +26,7 @@ from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, dump_config, load_config
 from dlr_jax.data.records import DataFormatError
 from dlr_jax.files import MissingStageError
+from dlr_jax.hf_config import ConversionError
 from dlr_jax.preflight import check_counts
 from dlr_jax.workdir import RunRefused, WorkdirLocked, open_run
 
@@ -219,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
             with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=all_processes_ok):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
-        # one line says it all (file:line, keys; a missing input names the command that makes it)
-        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, MissingStageError) as e:
+        # one line says it all (file:line, keys; a missing input names the command that makes it; an unreadable
+        # or misshapen checkpoint tensor names the file)
+        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, MissingStageError, ConversionError) as e:
             print(f"error: {e}", file=sys.stderr)
             return preemption.exit_code() or 2  # a stop asked meanwhile keeps its code: the scheduler requeues
     code = preemption.exit_code()

@@ -35,6 +35,26 @@ def test_invalid_values_are_rejected():
         load_config("/nonexistent.yaml")
 
 
+def test_dtypes_mesh_rules_and_optimizers_are_checked_when_the_config_loads():
+    """Before, these failed deep inside a stage (a TypeError, a KeyError, a ValueError) after the workdir and
+    its config.yaml were written, so the fixed value then needed run.allow_config_change."""
+    from dlr_jax.config.model import MESH_RULES
+    from dlr_jax.sharding import RULES
+
+    cfg = apply_overrides(Config(), ["model.dtype=bf16", "model.param_dtype=fp32", "codebook.dtype=bf16"])
+    assert (cfg.model.dtype, cfg.model.param_dtype, cfg.codebook.dtype) == ("bfloat16", "float32", "bfloat16")
+    for override, key in (("model.dtype=bfloat61", "model.dtype"), ("model.param_dtype=int8", "model.param_dtype"),
+                          ("codebook.param_dtype=float64", "codebook.param_dtype")):
+        with pytest.raises(ConfigError, match=rf"{key} must be one of float32\|bfloat16\|float16 .*got"):
+            apply_overrides(Config(), [override])
+    with pytest.raises(ConfigError, match=r"mesh.rules must be one of fsdp\|tp\|tpu, got 'ddp'"):
+        apply_overrides(Config(), ["mesh.rules=ddp"])
+    assert set(MESH_RULES) == set(RULES)
+    for stage in ("textsft", "rl"):
+        with pytest.raises(ConfigError, match=r"optimizer must be one of adamw\|sgd, got 'adam'"):
+            apply_overrides(Config(), [f"train.{stage}.optimizer=adam"])
+
+
 def test_sampling_unstack_layers_takes_auto_on_off():
     assert Config().sampling.unstack_layers == "auto" and Config().sampling.unstack is None
     cases = (("on", "on", True), ("off", "off", False), ("true", "on", True), ("false", "off", False))

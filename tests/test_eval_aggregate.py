@@ -34,3 +34,19 @@ def test_aggregate_refuses_mismatched_runs(tmp_path):
         aggregate([tmp_path / "a", tmp_path / "b"], "rl")
     with pytest.raises(FileNotFoundError, match="results.json: not found"):
         aggregate([tmp_path / "a", tmp_path / "c"], "rl")
+
+
+def test_a_damaged_or_foreign_results_file_is_named(tmp_path):
+    """A results.json cut short (a full disk) or not written by evaluate names its file, not a bare
+    JSONDecodeError or KeyError."""
+    from dlr_jax.eval_aggregate import ResultsFileError
+
+    _write(tmp_path / "a", "rl", 0.4, 6.0)
+    _write(tmp_path / "b", "rl", 0.4, 6.0)
+    cut = results_file(tmp_path / "b", "rl")
+    cut.write_text(cut.read_text()[:40])
+    with pytest.raises(ResultsFileError, match=rf"{cut}:1: expected results.json as `python -m dlr_jax.evaluate`"):
+        aggregate([tmp_path / "a", tmp_path / "b"], "rl")
+    cut.write_text(json.dumps({"mode": "latent", "benchmarks": {"gsm8k": {"n": 10, "L": {"mean": 1.0}}}}))
+    with pytest.raises(ResultsFileError, match=rf"{cut}: .*benchmark 'gsm8k' has no 'n' and 'pass_at_1.mean'"):
+        aggregate([tmp_path / "a", tmp_path / "b"], "rl")

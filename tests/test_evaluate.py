@@ -283,6 +283,47 @@ def test_synthetic_variants_are_drawn_from_the_workdirs_data_settings(tok, tmp_p
     assert [e.answer for e in reworded] == [e.answer for e in base] and max(len(e.cot.split()) for e in base) == 2
 
 
+def test_every_benchmark_is_read_before_the_first_is_evaluated(tok, tmp_path, monkeypatch):
+    """A bad file or name later in the list stops the run before any generation: before, gsm8k was
+    scored first and its results were lost when svamp's file failed."""
+    from dlr_jax.config import ConfigError
+    from dlr_jax.data.records import DataFormatError
+
+    data = tmp_path / "data"
+    (data / "gsm8k").mkdir(parents=True)
+    (data / "gsm8k" / "test.jsonl").write_text(
+        "".join(json.dumps({"question": f"What is 4 plus {i}?", "answer": "#### 42"}) + "\n" for i in range(3)))
+    (data / "svamp").mkdir()
+    (data / "svamp" / "SVAMP.json").write_bytes(b'[{"Body": "caf\xe9"}]')
+    generated = []
+    monkeypatch.setattr(ev, "evaluate_examples", lambda *a, **k: generated.append(a[3]))
+    cfg = EvalConfig(benchmarks=("gsm8k", "svamp"), batch_size=4)
+    with pytest.raises(DataFormatError, match=r"SVAMP.json:1: not valid UTF-8"):
+        ev.run_benchmarks(BigramLM(scripted_table(tok, n_latents=2)), tok, cfg, loader=ev.default_loader(data),
+                          out_dir=tmp_path / "out", progress=False)
+    with pytest.raises(ConfigError, match="unknown benchmark.s. gsm8kk; known: "):
+        ev.run_benchmarks(BigramLM(scripted_table(tok, n_latents=2)), tok,
+                          EvalConfig(benchmarks=("gsm8k", "gsm8kk")), loader=ev.default_loader(data))
+    assert generated == [] and not (tmp_path / "out").exists()
+
+
+def test_a_multiarith_copy_that_is_not_the_600_problem_file_is_scored_without_its_subset(tok, tmp_path, capsys):
+    """test_180 is defined on the 600-problem file; a user's own copy is scored whole, and the results say so."""
+    from dlr_jax.data.readers import load_benchmark
+
+    items = [{"iIndex": i, "sQuestion": f"What is 4 plus {i}?", "lSolutions": [42.0], "lEquations": ["X=4+38"]}
+             for i in range(5)]
+    (tmp_path / "MultiArith.json").write_text(json.dumps(items))
+    res = ev.run_benchmarks(BigramLM(scripted_table(tok, n_latents=2)), tok,
+                            EvalConfig(benchmarks=("multiarith",), batch_size=8, max_new_tokens=12, max_latents=4),
+                            loader=lambda name, split: load_benchmark(name, path=tmp_path / "MultiArith.json",
+                                                                      split=split), progress=False)
+    m = res["benchmarks"]["multiarith"]
+    assert m["n"] == 5 and "subsets" not in m
+    assert any("multiarith: no test_180 subset" in n for n in res["notes"])
+    assert "no test_180 subset, the whole file is scored" in capsys.readouterr().err
+
+
 def test_help_and_default_modes(capsys):
     with pytest.raises(SystemExit) as e:
         ev.build_parser().parse_args(["--help"])

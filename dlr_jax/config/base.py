@@ -38,3 +38,18 @@ def auto_on_off(value: str | bool, key: str) -> str:
     if value not in ("auto", "on", "off"):
         raise ConfigError(f"{key} must be auto|on|off, got {value!r}")
     return value
+
+
+# The dtypes a config may name (numpy / jnp spellings), with the aliases people type; a check at load time
+# keeps a typo from failing deep inside a stage, after its workdir and config.yaml were written.
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",
+                 "half": "float16"}
+
+
+def check_dtype(value: str, key: str) -> str:
+    """`value` as one of DTYPES (an alias such as bf16 spelled out), else a ConfigError naming `key`."""
+    name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in DTYPES:
+        raise ConfigError(f"{key} must be one of {'|'.join(DTYPES)} (or {'|'.join(DTYPE_ALIASES)}), got {value!r}")
+    return name

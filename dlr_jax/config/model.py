@@ -6,11 +6,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dlr_jax.config.base import ConfigError, FrozenMapping, _freeze, auto_on_off
+from dlr_jax.config.base import ConfigError, FrozenMapping, _freeze, auto_on_off, check_dtype
 
 # ModelConfig fields that describe how a run computes, not the architecture: with `init_from` they come
 # from the YAML model section (the recipe's bf16 compute, remat), everything else from config.json.
 RUN_MODEL_KEYS = ("dtype", "param_dtype", "remat", "attention", "scan_layers")
+MESH_RULES = ("fsdp", "tp", "tpu")  # the profiles of sharding.RULES (a test keeps the two equal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,8 @@ class ModelConfig:
         return {k: getattr(self, k) for k in RUN_MODEL_KEYS}
 
     def __post_init__(self) -> None:
+        for key in ("dtype", "param_dtype"):
+            object.__setattr__(self, key, check_dtype(getattr(self, key), f"model.{key}"))
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, FrozenMapping):
             object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
         if self.num_heads % self.num_kv_heads:
@@ -79,6 +82,10 @@ class MeshConfig:
     fsdp: int = -1
     tensor: int = 1
     rules: str = "fsdp"  # fsdp | tp | tpu — the logical-axis rules profile
+
+    def __post_init__(self) -> None:
+        if self.rules not in MESH_RULES:
+            raise ConfigError(f"mesh.rules must be one of {'|'.join(MESH_RULES)}, got {self.rules!r}")
 
 
 @dataclasses.dataclass(frozen=True)

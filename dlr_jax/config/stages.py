@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from dlr_jax.config.base import ConfigError, auto_on_off
+from dlr_jax.config.base import ConfigError, auto_on_off, check_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,13 @@ class TrainConfig:
     profile_steps: str = ""  # "a:b" -> jax.profiler trace of steps [a, b)
     progress: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"train.<stage>.optimizer must be one of {'|'.join(OPTIMIZERS)}, got {self.optimizer!r}")
+
+
+OPTIMIZERS = ("adamw", "sgd")  # what optimizer.make_optimizer builds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,6 +262,8 @@ class CodebookConfig:
     router_aux_coef: float = 0.0  # x the decoder's MoE load-balancing loss (0 = off)
 
     def __post_init__(self) -> None:
+        for key in ("dtype", "param_dtype"):
+            object.__setattr__(self, key, check_dtype(getattr(self, key), f"codebook.{key}"))
         if self.render_view not in RENDER_VIEWS:
             raise ConfigError(f"codebook.render_view must be one of {'|'.join(RENDER_VIEWS)}, got {self.render_view!r}")
 

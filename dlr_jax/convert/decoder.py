@@ -134,6 +134,7 @@ def load_hf(
     mesh: Mesh | None = None,
     rules: str | Mapping = "fsdp",
     dtype: str | None = None,
+    compute_dtype: str | None = None,
     **overrides: Any,
 ) -> tuple[ModelConfig, Transformer]:
     """Imports an HF checkpoint directory: `(config, model)`, `model(input_ids) -> logits [B, T, V]`.
@@ -141,15 +142,24 @@ def load_hf(
     A `deepseek_ocr2` checkpoint gives `(Ocr2Config, Ocr2Model)` instead (convert/ocr2.py;
     `overrides` do not apply), whose `model(input_ids, pixel_values=None)` is image-conditioned.
 
-    `dtype` is the parameter dtype (default: ModelConfig.param_dtype, float32); `overrides` set other
-    ModelConfig fields. Params land on `mesh` (default: one device) by their logical axes; each
+    `dtype` is the parameter dtype (default: ModelConfig.param_dtype, float32) and `compute_dtype` the
+    activations' (ModelConfig.dtype; `dtype` names the parameters here, as in `convert --dtype`); `overrides`
+    set other ModelConfig fields. Params land on `mesh` (default: one device) by their logical axes; each
     device receives only its shard. Missing, unexpected or misshapen tensors raise ConversionError.
     """
     hf_dir = Path(hf_dir)
+    if "param_dtype" in overrides and dtype is not None:
+        # Two names for one field: a caller passing a ModelConfig's fields (dtype = compute, param_dtype)
+        # would otherwise store the weights in the compute dtype and compute in the weights'.
+        raise TypeError(f"load_hf got both dtype={dtype!r} (the parameter dtype) and param_dtype="
+                        f"{overrides['param_dtype']!r}; pass the parameter dtype as dtype= and the compute dtype "
+                        "as compute_dtype=")
     if ocr2.is_ocr2_dir(hf_dir):
         return ocr2.load_ocr2(hf_dir, mesh=mesh, rules=rules, dtype=dtype)
     if dtype is not None:
         overrides["param_dtype"] = dtype
+    if compute_dtype is not None:
+        overrides["dtype"] = compute_dtype
     cfg = model_config_from_hf(hf_dir, **overrides)
     fam = FAMILIES[cfg.model_type]
     index = tensor_index(hf_dir)

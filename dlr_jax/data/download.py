@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlr_jax.data.readers import BENCHMARKS
+from dlr_jax.data.records import DataFormatError
 
 MIRROR_ENV = "DLR_DOWNLOAD_MIRROR"
 LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/"
@@ -244,11 +245,15 @@ def download_file(
     """
     dest = to / src.subdir / src.name
     if dest.is_file() and not force:
-        n = count_records(src, dest)
-        if n == src.count:
-            log(f"{src.rel}: present, {n} records (expected {src.count}); skipped (--force to re-fetch)")
-            return dest
-        log(f"{src.rel}: present but has {n} records (expected {src.count}); re-fetching")
+        try:
+            n = count_records(src, dest)
+        except DataFormatError as e:  # a damaged copy (an interrupted edit, another tool's export): fetch anew
+            log(f"{src.rel}: present but unreadable ({e}); re-fetching")
+        else:
+            if n == src.count:
+                log(f"{src.rel}: present, {n} records (expected {src.count}); skipped (--force to re-fetch)")
+                return dest
+            log(f"{src.rel}: present but has {n} records (expected {src.count}); re-fetching")
     url = f"{base_url.rstrip('/')}/{src.rel}" if base_url else src.url
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{src.name}.", suffix=".part", dir=dest.parent)
@@ -266,7 +271,11 @@ def download_file(
             hash_note = f"sha256 {digest[:12]}… differs from upstream {src.sha256[:12]}… (mirror copy)"
         else:
             raise DownloadError(f"{url}: sha256 {digest} does not match the pinned {src.sha256}")
-        n = count_records(src, tmp)
+        try:
+            n = count_records(src, tmp)
+        except DataFormatError as e:  # name the source: the temporary file is gone when the message is read
+            where = f":{e.line}" if e.line is not None else "" if e.index is None else f" [item {e.index}, 0-based]"
+            raise DownloadError(f"{url}{where}: {e.message}") from None
         if n != src.count:
             raise DownloadError(f"{url}: {n} records, expected {src.count}")
         tmp.chmod(0o644)  # mkstemp creates 0600; data files should be readable like any download

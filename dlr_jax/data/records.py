@@ -29,6 +29,7 @@ class DataFormatError(ValueError):
         self.path = str(path)
         self.line = line
         self.index = index
+        self.message = message  # without the location, for callers that name the data's source themselves
         if line is not None:
             where = f"{self.path}:{line}"
         elif index is not None:
@@ -112,11 +113,21 @@ class RawFloat(str):
 NUMBER = (int, RawFloat)  # what a JSON number field is after reading with raw floats
 
 
+def _not_utf8(path: Path, e: UnicodeDecodeError, line: int, column: int) -> DataFormatError:
+    return DataFormatError(path, f"not valid UTF-8 (byte 0x{e.object[e.start]:02x} at column {column}); "
+                                 "save the file as UTF-8", line=line)
+
+
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Yields (1-based line number, line without its newline) for non-blank lines."""
-    with open(path, encoding="utf-8") as f:
+    """Yields (1-based line number, line without its newline) for non-blank lines. A UTF-8 byte-order
+    mark (a Windows editor's) is dropped; bytes that are not UTF-8 raise `DataFormatError` at their line."""
+    with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            line = raw.rstrip("\n").rstrip("\r")
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise _not_utf8(path, e, lineno, e.start + 1) from None
+            line = line.rstrip("\n").rstrip("\r")
             if line.strip():
                 yield lineno, line
 
@@ -132,7 +143,7 @@ def iter_jsonl(path: Path, *, raw_floats: bool = True) -> Iterator[tuple[int, di
             obj = json.loads(line, parse_float=RawFloat if raw_floats else float)
         except json.JSONDecodeError as e:
             raise DataFormatError(
-                path, f"expected one JSON object per line ({e.msg} at column {e.colno})", line=lineno
+                path, f"expected one JSON object per line ({e.msg}: column {e.colno})", line=lineno
             ) from None
         if not isinstance(obj, dict):
             raise DataFormatError(path, f"expected a JSON object, got {type(obj).__name__}", line=lineno)
@@ -141,12 +152,18 @@ def iter_jsonl(path: Path, *, raw_floats: bool = True) -> Iterator[tuple[int, di
 
 def read_json_array(path: Path, *, raw_floats: bool = True) -> list[Any]:
     """Reads a file holding one JSON array (SVAMP, MultiArith)."""
+    raw = Path(path).read_bytes()
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f, parse_float=RawFloat if raw_floats else float)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        body = e.object  # the bytes after a byte-order mark, which e.start counts in
+        line_start = body.rfind(b"\n", 0, e.start) + 1
+        raise _not_utf8(path, e, body.count(b"\n", 0, e.start) + 1, e.start - line_start + 1) from None
+    try:
+        data = json.loads(text, parse_float=RawFloat if raw_floats else float)
     except json.JSONDecodeError as e:
         raise DataFormatError(
-            path, f"expected a JSON array ({e.msg} at column {e.colno})", line=e.lineno
+            path, f"expected a JSON array ({e.msg}: column {e.colno})", line=e.lineno
         ) from None
     if not isinstance(data, list):
         raise DataFormatError(path, f"expected a top-level JSON array, got {type(data).__name__}")

@@ -216,7 +216,9 @@ def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
         from dlr_jax.convert import load_hf
         from dlr_jax.models.latent_lm import grow_vocab
 
-        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, **cfg.model.run_keys())
+        keys = cfg.model.run_keys()  # load_hf's dtype= is the parameters' (ModelConfig.param_dtype)
+        _, model = load_hf(cfg.init_from, mesh=mesh, rules=cfg.mesh.rules, dtype=keys.pop("param_dtype"),
+                           compute_dtype=keys.pop("dtype"), **keys)
         if model.cfg.vocab_size < tok.text_vocab_size:
             grow_vocab(model, tok.text_vocab_size, cfg.mesh.rules)
         return model

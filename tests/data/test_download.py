@@ -64,8 +64,21 @@ def test_bad_record_in_download_names_line(tmp_path):
     mirror = tmp_path / "m" / "gsm8k_aug"
     mirror.mkdir(parents=True)
     (mirror / "valid.txt").write_text("Q||<<1+1=2>> #### 2\nbroken line\n")
-    with pytest.raises(ValueError, match=r"valid\.txt.*:2: expected exactly one '\|\|'"):
+    # The source's URL and line, not the temporary .part file, which is deleted before the message is read.
+    url = (mirror / "valid.txt").as_uri()
+    with pytest.raises(dl.DownloadError, match=rf"^{re.escape(url)}:2: expected exactly one '\|\|'"):
         dl.download(["gsm8k_aug"], tmp_path / "out", base_url=(tmp_path / "m").as_uri(), log=lambda s: None)
+
+
+def test_a_damaged_copy_at_the_destination_is_fetched_anew(data_dir, tmp_path):
+    dest = tmp_path / "gsm8k" / "test.jsonl"
+    dest.parent.mkdir()
+    dest.write_bytes((data_dir / "gsm8k" / "test.jsonl").read_bytes()[:5000])  # cut mid-line, as a failed copy
+    lines = []
+    dl.download_file(dl.SOURCES["gsm8k"][1], tmp_path, base_url=data_dir.as_uri(), log=lines.append)
+    assert dest.read_bytes() == (data_dir / "gsm8k" / "test.jsonl").read_bytes()
+    assert re.match(rf"gsm8k/test.jsonl: present but unreadable \({re.escape(str(dest))}:\d+: .*\); re-fetching",
+                    lines[0])
 
 
 def test_cli_from_local(data_dir, tmp_path, capsys):

@@ -79,6 +79,37 @@ def test_json_array_errors(tmp_path):
     assert ei.value.line == 2
 
 
+def test_bytes_that_are_not_utf8_name_file_line_and_column(tmp_path):
+    # A Latin-1 export, say: the error points at the byte, where Python's own names an offset into a read buffer.
+    p = tmp_path / "latin1.jsonl"
+    p.write_bytes(b'{"q": "a"}\n{"q": "caf\xe9"}\n')
+    with pytest.raises(DataFormatError) as ei:
+        list(iter_jsonl(p))
+    assert ei.value.line == 2
+    assert str(ei.value) == f"{p}:2: not valid UTF-8 (byte 0xe9 at column 11); save the file as UTF-8"
+    arr = tmp_path / "latin1.json"
+    arr.write_bytes(b'[\n {"q": "a"},\n {"q": "caf\xe9"}]\n')
+    with pytest.raises(DataFormatError, match=r"latin1.json:3: not valid UTF-8 \(byte 0xe9 at column 12\)"):
+        read_json_array(arr)
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b'\xef\xbb\xbf{"q": 1}\n{"q": 2}\n')
+    assert [obj["q"] for _, obj in iter_jsonl(p)] == [1, 2]
+    arr = tmp_path / "bom.json"
+    arr.write_bytes(b'\xef\xbb\xbf[{"q": 1}]')
+    assert read_json_array(arr) == [{"q": 1}]
+
+
+def test_json_error_names_the_column_once(tmp_path):
+    p = tmp_path / "cut.jsonl"
+    p.write_text('{"q": "cut\n')
+    with pytest.raises(DataFormatError) as ei:
+        list(iter_jsonl(p))
+    assert "(Unterminated string starting at: column 7)" in str(ei.value)
+
+
 def test_missing_field_message(tmp_path):
     with pytest.raises(DataFormatError) as ei:
         require({"b": 1}, "a", str, tmp_path / "f.json", index=7)

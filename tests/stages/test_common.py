@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlr_jax.config import ConfigError, load_config
-from dlr_jax.stages.common import check_init_from
+from dlr_jax.stages.common import backbone_architecture, check_init_from, new_backbone, pretrained_tokenizer
 from dlr_jax.train import main as train_main
 from tests.hf_fixtures import save_tiny_checkpoint
 
@@ -70,3 +70,39 @@ def test_an_rl_split_too_large_for_the_training_file_is_refused_before_the_workd
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: data.rl_split=85620.0 leaves 85620 of ")
     assert not w.exists() or not any(w.iterdir())  # the lock's folder at most: no config.yaml, no tokenizer
+
+
+def test_a_truncated_checkpoint_file_is_one_line_naming_it(tmp_path, capsys):
+    """The file checks before a stage cannot read every tensor: a checkpoint cut short (an interrupted copy)
+    is found when the stage loads it, and said in one line (exit 2), not a traceback."""
+    ckpt = tmp_path / "llama"
+    save_tiny_checkpoint("llama", ckpt)
+    [weights] = ckpt.glob("*.safetensors")
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    code = train_main(["--stage", "textsft", "--config", str(ROOT / "configs" / "tiny.yaml"), "--workdir",
+                       str(tmp_path / "w"), "--set", f"init_from={ckpt}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: ") and str(weights) in err[-1], err
+    assert "readable safetensors" in err[-1] or "cannot be read" in err[-1], err
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_checkpoint_keeps_the_yamls_compute_and_parameter_dtypes(tmp_path, family):
+    """The paper configs compute in bf16 and keep fp32 weights. `load_hf`'s own `dtype=` names the parameters,
+    and the stage once passed the YAML's compute dtype there: the weights were stored in bf16 (AdamW's small
+    updates then round away) and the model computed in fp32, the reverse of the YAML and of the planner's
+    `backbone_architecture`."""
+    import jax
+    from flax import nnx
+
+    from dlr_jax.sharding import make_mesh
+
+    ckpt = tmp_path / family
+    save_tiny_checkpoint(family, ckpt, fill_vocab=True)
+    cfg = _cfg(ckpt, "model.dtype=bfloat16", "model.param_dtype=float32")
+    tok = pretrained_tokenizer(cfg)
+    model = new_backbone(cfg, tok, make_mesh(devices=jax.devices()[:1]))
+    assert (model.cfg.dtype, model.cfg.param_dtype) == ("bfloat16", "float32")
+    assert {str(x.dtype) for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {"float32"}
+    arch = backbone_architecture(cfg)
+    assert (arch.dtype, arch.param_dtype) == (model.cfg.dtype, model.cfg.param_dtype)
