@@ -256,6 +256,9 @@ def default_loader(data_dir: str | Path | None = None) -> Loader:
         if data_dir is not None:
             sub = Path(data_dir) / (BENCHMARKS[name].subdir if name in BENCHMARKS else name)
             path = sub if sub.exists() or name in BENCHMARKS else None
+            if name in BENCHMARKS and not sub.exists():  # name the file expected, not only its folder
+                spec = BENCHMARKS[name]
+                path = sub / spec.files.get(split or spec.default_split, "")
         return load_benchmark(name, path=path, split=split)
 
     return load

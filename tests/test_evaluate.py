@@ -307,6 +307,11 @@ def test_every_benchmark_is_read_before_the_first_is_evaluated(tok, tmp_path, mo
     assert generated == [] and not (tmp_path / "out").exists()
 
 
+def test_a_benchmark_missing_under_data_dir_names_the_file_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"gsm_hard/gsmhardv2.jsonl does not exist; get it with .*--data-dir"):
+        ev.default_loader(tmp_path)("gsm_hard", None)
+
+
 def test_a_multiarith_copy_that_is_not_the_600_problem_file_is_scored_without_its_subset(tok, tmp_path, capsys):
     """test_180 is defined on the 600-problem file; a user's own copy is scored whole, and the results say so."""
     from dlr_jax.data.readers import load_benchmark

@@ -63,7 +63,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     sources = (args.from_orbax is not None) + (args.from_workdir is not None)
     if args.to_hf == (args.from_hf is not None) or (args.to_hf and sources != 1):
         ap.error("use exactly one of: --from-hf DIR   or   --to-hf --from-orbax DIR   or   --to-hf --from-workdir W")
-    mesh = make_mesh(**parse_mesh_spec(args.mesh))
+    try:
+        mesh = make_mesh(**parse_mesh_spec(args.mesh))
+    except ValueError as e:  # a malformed spec, or more devices than this machine has
+        ap.error(f"--mesh {args.mesh}: {e}")
     try:
         source = args.from_hf if args.from_hf is not None else args.from_orbax  # None with --from-workdir
         if source is not None and o2.is_ocr2_dir(source):

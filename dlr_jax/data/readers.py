@@ -156,7 +156,7 @@ def load_benchmark(
         raise FileNotFoundError(
             f"{name} ({split}): {f} does not exist; "
             f"get it with `python -m dlr_jax.data.download {name} --to DIR` "
-            "and set $DLR_DATA_DIR=DIR, or pass path="
+            "and set $DLR_DATA_DIR=DIR (or pass `--data-dir DIR` to evaluate, `path=` in Python)"
         )
     if f.name == spec.files.get("train_subset_3000") and split == "train":
         split = "train_subset_3000"  # ids say what was actually read

@@ -61,6 +61,8 @@ def check_init_from(cfg: Config, stage: str, workdir: str | Path, mode: str = "b
         return
     d = Path(cfg.init_from)
     layout = "a Hugging Face checkpoint folder: config.json, *.safetensors, tokenizer.json"
+    if d.is_file():  # e.g. the checkpoint's config.json itself
+        raise ConfigError(f"init_from={cfg.init_from}: a file; init_from takes the folder holding it ({layout})")
     if not d.is_dir():
         raise ConfigError(f"init_from={cfg.init_from}: no such folder (expected {layout})")
     try:

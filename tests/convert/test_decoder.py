@@ -212,6 +212,9 @@ def test_cli_end_to_end(hf_dirs, tmp_path):
     assert np.abs(AutoModelForCausalLM_logits(tmp_path / "hf", ids) - hf_logits(hf, ids)).max() <= TOL
     r = run("--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "--from-hf" in r.stderr
+    r = run("--from-hf", str(src), "--out", str(tmp_path / "y"), "--mesh", "data=1,fsdp=8,tensor=1")  # 2 devices
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith(
+        "error: --mesh data=1,fsdp=8,tensor=1: mesh {'data': 1, 'fsdp': 8, 'tensor': 1} needs 8 devices, have 2")
 
 
 def test_cli_help_explains_both_directions(capsys):

@@ -26,6 +26,8 @@ def test_init_from_files_are_checked_before_a_stage_starts(tmp_path):
     check_init_from(_cfg(ckpt), "textsft", w)  # a complete checkpoint passes
     with pytest.raises(ConfigError, match="init_from=.*/nowhere: no such folder"):
         check_init_from(_cfg(tmp_path / "nowhere"), "align", w)
+    with pytest.raises(ConfigError, match="init_from=.*/config.json: a file; init_from takes the folder holding it"):
+        check_init_from(_cfg(ckpt / "config.json"), "align", w)
     # stages that do not load the weights are not checked: the checkpoint may have moved since textsft and align
     for stage, mode, extra in (("codebook", "both", ()), ("sft", "both", ()), ("textsft", "direct_from_cot", ()),
                                ("rl", "both", ("rl.evaluator=textsft_cot",)),
