@@ -47,6 +47,10 @@ def test_dtypes_mesh_rules_and_optimizers_are_checked_when_the_config_loads():
                           ("codebook.param_dtype=float64", "codebook.param_dtype")):
         with pytest.raises(ConfigError, match=rf"{key} must be one of float32\|bfloat16\|float16 .*got"):
             apply_overrides(Config(), [override])
+    assert apply_overrides(Config(), ["rl.sample_dtype=bf16"]).rl.sample_dtype == "bfloat16"
+    assert apply_overrides(Config(), ["rl.sample_dtype=keep"]).rl.sample_dtype == "keep"
+    with pytest.raises(ConfigError, match=r"rl.sample_dtype must be one of auto\|keep\|float32\|bfloat16"):
+        apply_overrides(Config(), ["rl.sample_dtype=int8"])
     with pytest.raises(ConfigError, match=r"mesh.rules must be one of fsdp\|tp\|tpu, got 'ddp'"):
         apply_overrides(Config(), ["mesh.rules=ddp"])
     assert set(MESH_RULES) == set(RULES)

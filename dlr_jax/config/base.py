@@ -47,9 +47,13 @@ DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16"
                  "half": "float16"}
 
 
-def check_dtype(value: str, key: str) -> str:
-    """`value` as one of DTYPES (an alias such as bf16 spelled out), else a ConfigError naming `key`."""
+def check_dtype(value: str, key: str, words: tuple[str, ...] = ()) -> str:
+    """`value` as one of DTYPES (an alias such as bf16 spelled out) or of `words` (kept as they are), else a
+    ConfigError naming `key`."""
+    if value in words:
+        return value
     name = DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
     if name not in DTYPES:
-        raise ConfigError(f"{key} must be one of {'|'.join(DTYPES)} (or {'|'.join(DTYPE_ALIASES)}), got {value!r}")
+        raise ConfigError(f"{key} must be one of {'|'.join(words + DTYPES)} (or {'|'.join(DTYPE_ALIASES)}), "
+                          f"got {value!r}")
     return name

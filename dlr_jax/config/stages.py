@@ -151,8 +151,7 @@ class RLConfig:
     eval_every: int = 10
 
     def __post_init__(self) -> None:
-        if self.sample_dtype not in ("auto", "keep", "bfloat16", "float16", "float32"):
-            raise ConfigError(f"rl.sample_dtype must be auto|keep|bfloat16|float16|float32, got {self.sample_dtype!r}")
+        object.__setattr__(self, "sample_dtype", check_dtype(self.sample_dtype, "rl.sample_dtype", ("auto", "keep")))
 
 
 RENDER_VIEWS = ("cot", "results", "result_lines")  # codebook.render_view (dlr_jax/data/cot_view.py)

@@ -52,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--mesh", default="data=1,fsdp=-1,tensor=1",
                     help="mesh to place params on while converting (default: all devices on fsdp)")
     ap.add_argument("--rules", default="fsdp", help="logical-axis rules profile (fsdp | tp | tpu)")
-    ap.add_argument("--dtype", default=None, help="parameter dtype to store (default: float32 on import, "
-                    "the checkpoint's own on export)")
+    ap.add_argument("--dtype", default=None, help="parameter dtype to store (default: float32 on import; on export "
+                    "the Orbax checkpoint's own, and float32 from a workdir, whose stages keep fp32 weights: pass "
+                    "bfloat16 for a checkpoint the size of a bf16 original)")
     ap.add_argument("--from-workdir", type=Path, metavar="DIR",
                     help="with --to-hf: a training workdir; exports --stage's final model (latent rows included)")
     ap.add_argument("--stage", default="sft", help="with --from-workdir: sft | rl | align | textsft_cot | ...")

@@ -155,7 +155,7 @@ def load_hf(
                         f"{overrides['param_dtype']!r}; pass the parameter dtype as dtype= and the compute dtype "
                         "as compute_dtype=")
     if ocr2.is_ocr2_dir(hf_dir):
-        return ocr2.load_ocr2(hf_dir, mesh=mesh, rules=rules, dtype=dtype)
+        return ocr2.load_ocr2(hf_dir, mesh=mesh, rules=rules, dtype=dtype, compute_dtype=compute_dtype)
     if dtype is not None:
         overrides["param_dtype"] = dtype
     if compute_dtype is not None:

@@ -53,3 +53,14 @@ def test_in_memory_and_disk_names_read_the_same(tmp_path):
     for name, x in mem.items():
         np.testing.assert_array_equal(a[name], x, err_msg=name)
         np.testing.assert_array_equal(b[name], x, err_msg=name)
+
+
+def test_load_hf_passes_both_dtypes_to_an_ocr2_checkpoint(tmp_path):
+    """`load_hf(dtype=, compute_dtype=)` means the same for both families: an OCR2 directory used to get only
+    the parameter dtype, and computed in it."""
+    import jax
+
+    build_tiny_ocr2(seed=0).save_pretrained(tmp_path / "hf")
+    cfg, model = load_hf(tmp_path / "hf", dtype="float32", compute_dtype="bfloat16")
+    assert (cfg.text.base.dtype, cfg.text.base.param_dtype) == ("bfloat16", "float32")
+    assert {str(x.dtype) for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {"float32"}
