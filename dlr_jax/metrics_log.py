@@ -93,11 +93,25 @@ def truncate_metrics(path: Path, after_step: int) -> int:
     return len(lines) - len(keep)
 
 
+def drop_rows(path: Path, step: int, prefix: str) -> int:
+    """Drops the rows of `path` at `step` that hold a key starting with `prefix` (e.g. an evaluation the run
+    is about to log again); returns how many."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    drop = lambda row: row.get("step") == step and any(k.startswith(prefix) for k in row)  # noqa: E731
+    keep = [ln for ln in lines if not ln.strip() or not drop(json.loads(ln))]
+    if len(keep) != len(lines):
+        write_text_atomic(path, "".join(keep))
+    return len(lines) - len(keep)
+
+
 class MetricsWriter:
     """`<root>/metrics.jsonl` (one JSON row a step) and TensorBoard events, written by process 0 only."""
 
     def __init__(self, root: Path, enabled: bool, resume_step: int | None = None):
-        """resume_step: the step this run starts from; later rows in metrics.jsonl are dropped."""
+        """resume_step: the step this run starts from; later rows in metrics.jsonl are dropped, and TensorBoard
+        is told to drop the earlier events files' (-1: the run logs step 0 again, e.g. RL's first evaluation)."""
         self.enabled = enabled
         if enabled and resume_step is not None:
             truncate_metrics(root / "metrics.jsonl", resume_step)
@@ -107,7 +121,9 @@ class MetricsWriter:
             try:
                 from tensorboardX import SummaryWriter
 
-                self.tb = SummaryWriter(str(root / "events"))
+                # The same steps as metrics.jsonl: TensorBoard hides an older events file's steps from here on.
+                purge = None if resume_step is None else resume_step + 1
+                self.tb = SummaryWriter(str(root / "events"), purge_step=purge)
             except ImportError:  # TensorBoard is optional; metrics.jsonl always exists
                 self.tb = None
 

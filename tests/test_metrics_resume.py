@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from dlr_jax.metrics_log import ProfileWindow, profile_window_problem, truncate_metrics
+from dlr_jax.metrics_log import ProfileWindow, drop_rows, profile_window_problem, truncate_metrics
 from dlr_jax.trainer import Trainer
 from tests.cli_micro import ROOT, child_env, micro_yaml
 from tests.test_trainer import TCFG, dataset, lm_loss, new_model
@@ -56,6 +56,17 @@ def test_truncate_metrics_keeps_rows_up_to_the_step(tmp_path):
     f.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in (0, 1, 2, 3, 4)))
     assert truncate_metrics(f, 2) == 2 and _steps(f) == [0, 1, 2]
     assert truncate_metrics(tmp_path / "none.jsonl", 0) == 0
+
+
+def test_drop_rows_removes_only_the_evaluation_about_to_be_logged_again(tmp_path):
+    """RL's checkpoint at step s comes before s's evaluation: a run killed after logging that evaluation resumes
+    from s and evaluates again, so its old evaluation row goes and its training row stays."""
+    f = tmp_path / "metrics.jsonl"
+    rows = [{"step": 2, "reward": 0.1}, {"step": 2, "eval/reward": 0.3}, {"step": 4, "eval/reward": 0.5}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert drop_rows(f, 2, "eval/") == 1
+    assert [json.loads(x) for x in f.read_text().splitlines()] == [rows[0], rows[2]]
+    assert drop_rows(tmp_path / "none.jsonl", 2, "eval/") == 0
 
 
 def test_profile_window_problems():
@@ -147,3 +158,44 @@ def test_profile_sh_with_its_defaults_writes_a_trace(tmp_path):
     assert not (scratch / "textsft_direct").exists()  # --mode cot: one run
     assert (scratch / "codebook").is_symlink() and (scratch / "codebook").resolve() == (w / "codebook").resolve()
     assert sorted(p.name for p in w.iterdir()) == before  # nothing written into the workdir itself
+
+
+def _events(path):
+    """(step, SessionLog status or None, scalar tags) of every event in a TensorBoard events file (TFRecords)."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    out, data = [], path.read_bytes()
+    while data:
+        (n,) = struct.unpack("<Q", data[:8])
+        e = Event.FromString(data[12:12 + n])
+        data = data[16 + n:]
+        status = e.session_log.status if e.HasField("session_log") else None
+        out.append((e.step, status, [v.tag for v in e.summary.value]))
+    return out
+
+
+def test_a_resumed_run_tells_tensorboard_to_drop_the_steps_it_redoes(tmp_path):
+    """A run killed after logging step 5 and resumed from its step-2 checkpoint logs 3-5 again: the new events
+    file starts with TensorBoard's purge marker (a SessionLog START at step 3), so the curves show those steps
+    once, as metrics.jsonl does. RL's first evaluation is step 0, redone from a start at -1."""
+    from tensorboardX.proto.event_pb2 import SessionLog
+
+    from dlr_jax.metrics_log import MetricsWriter
+
+    first = MetricsWriter(tmp_path, enabled=True)
+    for step in range(1, 6):
+        first.write(step, {"loss": 1.0})
+    first.close()
+    again = MetricsWriter(tmp_path, enabled=True, resume_step=2)
+    again.write(3, {"loss": 0.5})
+    again.close()
+    # (both writers may share one file name: tensorboardX names files by the second they were opened)
+    events = [e for f in (tmp_path / "events").iterdir() for e in _events(f)]
+    assert [step for step, status, _ in events if status == SessionLog.START] == [3]
+    assert _steps(tmp_path / "metrics.jsonl") == [1, 2, 3]
+    (tmp_path / "rl").mkdir()
+    MetricsWriter(tmp_path / "rl", enabled=True, resume_step=-1).close()
+    [rl_events] = (tmp_path / "rl" / "events").iterdir()
+    assert [step for step, status, _ in _events(rl_events) if status == SessionLog.START] == [0]

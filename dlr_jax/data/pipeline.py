@@ -55,6 +55,7 @@ import jax
 import numpy as np
 from grain.experimental import FirstFitPackIterDataset
 
+from dlr_jax.config import ConfigError
 from dlr_jax.data import formats
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.records import Example
@@ -380,8 +381,13 @@ class StageIterator:
             self._it.set_state(state)
             return
         if int(state["global_batch_size"]) != d.global_batch:
-            raise ValueError(f"the checkpointed data state has global batch size {state['global_batch_size']}, "
-                             f"this run {d.global_batch} (batch_size x processes): resume with the same batch size")
+            # A ConfigError (one line, exit 2) that says how back out: the workdir's config.yaml already holds
+            # the new value, so going back to the recorded one is itself a change.
+            raise ConfigError(
+                f"the checkpointed data position counts batches of {state['global_batch_size']} (batch_size x "
+                f"processes), this run's are {d.global_batch}: a stage resumes with the batch size it started with. "
+                f"Rerun with that batch size and --set run.allow_config_change=true (the workdir's config.yaml now "
+                "records the new one), or start the stage over in a new --workdir")
         self._read = int(state["global_batches"])
         if not d.packed:
             self._it = iter(d._make(self._read))

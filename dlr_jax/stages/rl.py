@@ -26,11 +26,11 @@ import numpy as np
 from flax import nnx
 
 from dlr_jax import grpo, preemption
-from dlr_jax.config import Config
+from dlr_jax.config import Config, ConfigError
 from dlr_jax.data.formats import prompt_ids
 from dlr_jax.data.sources import load_examples
 from dlr_jax.handoff import save_stage_model
-from dlr_jax.metrics_log import MetricsWriter, ProfileWindow
+from dlr_jax.metrics_log import MetricsWriter, ProfileWindow, drop_rows
 from dlr_jax.process_reward import LatentDecoder, ProcessReward
 from dlr_jax.rewards import KNOWN_BENCHMARKS
 from dlr_jax.sampling import Sampler
@@ -76,6 +76,9 @@ class PromptStream:
             raise ValueError(f"need at least one prompt and batch >= 1, got n={n}, batch={batch}")
         self.n, self.batch, self.seed = n, batch, seed
         self.epoch, self.pos, self.steps = 0, 0, 0
+        # The held-out evaluation of step `steps` was due and had not finished when this state was saved (a
+        # checkpoint is written before its step's evaluation, a stop without it): a resumed run evaluates first.
+        self.eval_pending = False
 
     def _order(self) -> np.ndarray:
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
@@ -93,13 +96,15 @@ class PromptStream:
         return np.asarray(out, np.int64)
 
     def get_state(self) -> dict[str, int]:
-        return {"n": self.n, "seed": self.seed, "epoch": self.epoch, "pos": self.pos, "steps": self.steps}
+        return {"n": self.n, "seed": self.seed, "epoch": self.epoch, "pos": self.pos, "steps": self.steps,
+                "eval_pending": int(self.eval_pending)}
 
     def set_state(self, state: dict[str, int]) -> None:
         if int(state["n"]) != self.n or int(state["seed"]) != self.seed:
             raise ValueError(f"checkpointed prompt stream has n={state['n']}, seed={state['seed']}; this run "
                              f"has n={self.n}, seed={self.seed} (different data or seed)")
         self.epoch, self.pos, self.steps = int(state["epoch"]), int(state["pos"]), int(state["steps"])
+        self.eval_pending = bool(int(state.get("eval_pending", 0)))  # checkpoints from before the key: none
 
 
 def _check(cfg: Config) -> None:
@@ -182,8 +187,11 @@ def run(
     if trainer.restore(stream):
         print(f"[rl] resumed at RL step {stream.steps} ({trainer.step} updates)", flush=True)
     if trainer.step != stream.steps * updates_per_step:
-        raise ValueError(f"{trainer.dir / 'checkpoints'}: {trainer.step} updates after {stream.steps} RL steps, "
-                         f"but this config makes {updates_per_step} per step; resume with the same rl settings")
+        raise ConfigError(f"{trainer.dir / 'checkpoints'}: {trainer.step} updates after {stream.steps} RL steps, "
+                          f"but this config makes {updates_per_step} per step (rl.inner_epochs x rl.num_prompts x "
+                          "rl.group_size / train.rl.batch_size): resume with the settings the stage started with, "
+                          "adding --set run.allow_config_change=true (the workdir's config.yaml now records the new "
+                          "ones), or start the stage over in a new --workdir")
 
     # Sampling copy of the policy (dlr_jax/sampling_copy.py): cast to rl.sample_dtype and resharded onto
     # the decoding layout on device after every step (`GRPOStep.update`).
@@ -237,7 +245,12 @@ def run(
     evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
     window = ProfileWindow(tcfg.profile_steps, trainer.dir / "profile", "rl", stream.steps, total)  # a bad one raises
-    writer = MetricsWriter(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps)
+    if stream.eval_pending and stream.steps and jax.process_index() == 0:
+        # the evaluation is logged again below: the row of an attempt killed after logging it goes (before the
+        # writer opens the file, which this replaces)
+        drop_rows(trainer.dir / "metrics.jsonl", stream.steps, "eval/")
+    # From step 0 the run evaluates step 0 again (log_eval below): an earlier attempt's row goes too.
+    writer = MetricsWriter(trainer.dir, enabled=jax.process_index() == 0, resume_step=stream.steps or -1)
     signals = preemption.handling_signals()
     signals.__enter__()
     history: list[dict[str, float]] = []
@@ -254,9 +267,15 @@ def run(
                   f"{m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} ({int(m['eval/rollouts'])} rollouts)",
                   flush=True)
 
+    def eval_due(step: int) -> bool:
+        return bool(rl.eval_prompts) and (step % rl.eval_every == 0 or step == total)
+
     try:
         if stream.steps == 0:
             log_eval(0)
+        elif stream.eval_pending:  # stopped or killed before this step's evaluation was logged
+            log_eval(stream.steps)
+            stream.eval_pending = False
         while stream.steps < total:
             window.before(stream.steps)
             idx = next(stream)
@@ -272,14 +291,17 @@ def run(
                       f"#L {metrics['n_latents']:.1f} kl {metrics.get('kl', 0.0):.4f} clip "
                       f"{metrics['clip_fraction']:.3f} ({metrics['time/step']:.1f}s)", flush=True)
             # every step syncs on the host here (rewards), so all processes can agree on every step
-            if preemption.should_stop():
+            if preemption.should_stop():  # saved at once; a due evaluation runs when the run resumes
                 print(f"[rl] stop requested: saving RL step {step} and exiting", flush=True)
+                stream.eval_pending = eval_due(step)
                 trainer.save(stream, force=True)
                 preempted = True
                 break
             if step % tcfg.checkpoint_every == 0 or step == total:
+                stream.eval_pending = eval_due(step)
                 trainer.save(stream, force=True)
-            if rl.eval_prompts and (step % rl.eval_every == 0 or step == total):
+                stream.eval_pending = False
+            if eval_due(step):
                 log_eval(step)
     finally:
         window.close()

@@ -173,6 +173,21 @@ def test_checkpoint_resume(tok, examples, table, pack):
     assert not _same(head[-12:], tail)
 
 
+def test_resuming_with_another_batch_size_says_how_to_back_out(tok, examples):
+    """The workdir's config.yaml already holds the new batch size when the data position is restored, so
+    the message names the flag that going back needs (a review found the plain error a trap)."""
+    from dlr_jax.config import ConfigError
+
+    it = iter(_ds("textsft", examples, tok, batch_size=B))
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    other = iter(_ds("textsft", examples, tok, batch_size=B + 1))
+    with pytest.raises(ConfigError, match=rf"counts batches of {B} .*this run's are {B + 1}: a stage resumes with the "
+                                          r"batch size it started with. Rerun with that batch size and --set "
+                                          r"run.allow_config_change=true"):
+        other.set_state(state)
+
+
 def test_worker_processes_match_in_process(tok, examples):
     local = list(_ds("textsft", examples, tok, num_epochs=1))
     it = iter(_ds("textsft", examples, tok, num_epochs=1, num_workers=2))

@@ -61,6 +61,27 @@ def test_stage_writes_a_reproducible_held_out_curve(workdir, tmp_path):  # noqa:
     assert curves[0] == curves[1]  # fixed prompts and random numbers: the same policy scores the same
 
 
+def test_a_stop_on_an_evaluation_step_evaluates_it_when_the_run_resumes(workdir, tmp_path, monkeypatch):  # noqa: F811
+    """A stop saves at once, before its step's evaluation; the resumed run used to start at the next step and
+    never evaluate that one (a review found the curve missing its point). The state now says it is pending."""
+    cfg, w = workdir
+    cfg = apply_overrides(cfg, ["rl.process_weight=0", "rl.eval_prompts=3", "rl.eval_samples=3", "rl.eval_every=2",
+                                "train.rl.checkpoint_every=100"])
+    for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+        src = w / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
+    calls = []
+    monkeypatch.setattr(rl.preemption, "should_stop", lambda *a, **k: calls.append(1) or len(calls) == 2)
+    first = rl.run(cfg, tmp_path, num_steps=3)
+    assert first.preempted and first.step == 2 and [m["step"] for m in first.evals] == [0]
+    monkeypatch.setattr(rl.preemption, "should_stop", lambda *a, **k: False)
+    second = rl.run(cfg, tmp_path, num_steps=3)
+    assert [m["step"] for m in second.evals] == [2, 3] and [m["step"] for m in second.history] == [3]
+    lines = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "eval/reward" in m] == [0, 2, 3]
+    assert [m["step"] for m in lines if "reward" in m] == [1, 2, 3]
+
+
 def test_prompt_pool_and_evaluating_on_it(workdir, tmp_path):  # noqa: F811
     """rl.prompt_pool limits RL to the first training problems (epochs over them); rl.eval_split=pool
     evaluates on those same prompts."""
