@@ -89,11 +89,14 @@ SAFE_IN_UNSAFE = ("data.num_workers", "model.remat", "model.attention", "model.d
 # Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a
 # benchmark to a run that is still training (python -m dlr_jax.experiments ... --set eval.benchmarks=[...]) resumes.
 TRAINING_NEUTRAL = ("eval.",)
-# Display and measurement settings (a stage's progress bar, its profiler window: TrainConfig.progress /
-# profile_steps): no step's result depends on them, so changing one on resume needs no flag either (launch/profile.sh
-# sets the window on a copy of a workdir's config). Exact keys: another setting that happens to end in "progress" is
-# not exempt.
-DISPLAY_ONLY = re.compile(r"(train\.[a-z_]+|codebook\.train)\.(progress|profile_steps)")
+# Display, measurement and checkpointing settings (a stage's progress bar, its profiler window, how often it logs and
+# saves, how many checkpoints it keeps: TrainConfig.progress / profile_steps / log_every / checkpoint_every /
+# keep_checkpoints / async_checkpointing): no step's result depends on them (a resume is bit-exact from any checkpoint),
+# so changing one on resume needs no flag either: launch/profile.sh sets the window on a copy of a workdir's config,
+# and a run on preemptible machines may want to save more often. Exact keys: another setting that happens to end in
+# "progress" is not exempt.
+NO_RESULT = re.compile(r"(train\.[a-z_]+|codebook\.train)\."
+                       r"(progress|profile_steps|log_every|checkpoint_every|keep_checkpoints|async_checkpointing)")
 # Codebook keys that are training knobs, not the networks or the corpus they read.
 CODEBOOK_SAFE = ("codebook.train.", "codebook.sigma", "codebook.lambda_vq", "codebook.beta", "codebook.alpha_steps",
                  "codebook.warmup", "codebook.char_dropout", "codebook.kmeans", "codebook.dead_code",
@@ -266,7 +269,7 @@ def check_config_change(cfg: Config, workdir: str | Path) -> dict[str, tuple[Any
             + (f" (Also changed, allowed with --set run.allow_config_change=true: {show(safe)}.)" if safe else "")
         )
     flagged = {k: v for k, v in safe.items()
-               if not k.startswith(TRAINING_NEUTRAL + SAME_RESULTS) and not DISPLAY_ONLY.fullmatch(k)}
+               if not k.startswith(TRAINING_NEUTRAL + SAME_RESULTS) and not NO_RESULT.fullmatch(k)}
     if flagged and not getattr(cfg.run, "allow_config_change", False):
         raise ConfigChangeRefused(
             f"{workdir}: this run's config differs from the recorded {f}: {show(flagged)}. Rerun without the "

@@ -15,8 +15,8 @@ import pytest
 from dlr_jax.config import load_config, save_config
 from dlr_jax.workdir import (
     CHANGES_NAME,
-    DISPLAY_ONLY,
     LOCK_NAME,
+    NO_RESULT,
     ConfigChangeRefused,
     RunRefused,
     WorkdirLock,
@@ -192,10 +192,15 @@ def test_turning_a_progress_bar_off_on_resume_needs_no_flag(tmp_path):
     progress_keys = {k for k in config_diff(base, load_config(ROOT / "configs" / "tiny.yaml", [
         f"{k}=false" for k in ("train.textsft.progress", "train.textsft_direct.progress", "train.align.progress",
                                "train.sft.progress", "train.rl.progress", "codebook.train.progress")]))}
-    assert len(progress_keys) == 6 and all(DISPLAY_ONLY.fullmatch(k) for k in progress_keys)
-    assert not DISPLAY_ONLY.fullmatch("rl.curriculum.progress") and not DISPLAY_ONLY.fullmatch("model.progress")
+    assert len(progress_keys) == 6 and all(NO_RESULT.fullmatch(k) for k in progress_keys)
+    assert not NO_RESULT.fullmatch("rl.curriculum.progress") and not NO_RESULT.fullmatch("model.progress")
     # the profiler window is a measurement setting too (launch/profile.sh sets it on a copy of the recorded config)
-    assert DISPLAY_ONLY.fullmatch("train.rl.profile_steps") and DISPLAY_ONLY.fullmatch("codebook.train.profile_steps")
+    assert NO_RESULT.fullmatch("train.rl.profile_steps") and NO_RESULT.fullmatch("codebook.train.profile_steps")
+    # so is how often a stage saves and logs (a run on preemptible machines may want to save more often)
+    often = load_config(ROOT / "configs" / "tiny.yaml", ["train.sft.checkpoint_every=5", "train.rl.log_every=1",
+                                                         "codebook.train.keep_checkpoints=5"])
+    assert set(check_config_change(often, tmp_path)) == {"train.sft.checkpoint_every", "train.rl.log_every",
+                                                        "codebook.train.keep_checkpoints"}
 
 @pytest.fixture
 def used_workdir(tmp_path):
