@@ -253,12 +253,13 @@ def default_loader(data_dir: str | Path | None = None) -> Loader:
 
     def load(name: str, split: str | None) -> list[Example]:
         path = None
-        if data_dir is not None:
-            sub = Path(data_dir) / (BENCHMARKS[name].subdir if name in BENCHMARKS else name)
-            path = sub if sub.exists() or name in BENCHMARKS else None
-            if name in BENCHMARKS and not sub.exists():  # name the file expected, not only its folder
-                spec = BENCHMARKS[name]
-                path = sub / spec.files.get(split or spec.default_split, "")
+        if data_dir is not None and name in BENCHMARKS:
+            spec = BENCHMARKS[name]
+            sub = Path(data_dir) / spec.subdir
+            # a missing folder: the file expected in it, which the error then names
+            path = sub if sub.exists() else sub / spec.files.get(split or spec.default_split, "")
+        elif data_dir is not None and (Path(data_dir) / name).exists():  # synthetic data written to the root
+            path = Path(data_dir) / name
         return load_benchmark(name, path=path, split=split)
 
     return load

@@ -4,7 +4,7 @@ progress bar, and the profiler window's checks."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,29 +81,27 @@ def parse_profile(spec: str) -> tuple[int, int] | None:
     return lo, hi
 
 
-def truncate_metrics(path: Path, after_step: int) -> int:
-    """Drops the rows of `path` (metrics.jsonl) whose step is > `after_step`; returns how many. A run
-    that resumes from step s redoes the steps after s, so their old rows would repeat."""
+def _drop(path: Path, drop: Callable[[dict[str, Any]], bool]) -> int:
+    """Rewrites metrics.jsonl without the rows `drop` picks; returns how many."""
     if not path.is_file():
         return 0
     lines = path.read_text().splitlines(keepends=True)
-    keep = [ln for ln in lines if not ln.strip() or json.loads(ln).get("step", 0) <= after_step]
+    keep = [ln for ln in lines if not ln.strip() or not drop(json.loads(ln))]
     if len(keep) != len(lines):
         write_text_atomic(path, "".join(keep))  # a kill here leaves the old or the new file, never half
     return len(lines) - len(keep)
 
 
+def truncate_metrics(path: Path, after_step: int) -> int:
+    """Drops the rows of `path` (metrics.jsonl) whose step is > `after_step`; returns how many. A run
+    that resumes from step s redoes the steps after s, so their old rows would repeat."""
+    return _drop(path, lambda row: row.get("step", 0) > after_step)
+
+
 def drop_rows(path: Path, step: int, prefix: str) -> int:
     """Drops the rows of `path` at `step` that hold a key starting with `prefix` (e.g. an evaluation the run
     is about to log again); returns how many."""
-    if not path.is_file():
-        return 0
-    lines = path.read_text().splitlines(keepends=True)
-    drop = lambda row: row.get("step") == step and any(k.startswith(prefix) for k in row)  # noqa: E731
-    keep = [ln for ln in lines if not ln.strip() or not drop(json.loads(ln))]
-    if len(keep) != len(lines):
-        write_text_atomic(path, "".join(keep))
-    return len(lines) - len(keep)
+    return _drop(path, lambda row: row.get("step") == step and any(k.startswith(prefix) for k in row))
 
 
 class MetricsWriter:

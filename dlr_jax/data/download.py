@@ -274,8 +274,7 @@ def download_file(
         try:
             n = count_records(src, tmp)
         except DataFormatError as e:  # name the source: the temporary file is gone when the message is read
-            where = f":{e.line}" if e.line is not None else "" if e.index is None else f" [item {e.index}, 0-based]"
-            raise DownloadError(f"{url}{where}: {e.message}") from None
+            raise DownloadError(e.at(url)) from None
         if n != src.count:
             raise DownloadError(f"{url}: {n} records, expected {src.count}")
         tmp.chmod(0o644)  # mkstemp creates 0600; data files should be readable like any download

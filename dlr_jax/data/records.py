@@ -29,14 +29,17 @@ class DataFormatError(ValueError):
         self.path = str(path)
         self.line = line
         self.index = index
-        self.message = message  # without the location, for callers that name the data's source themselves
-        if line is not None:
-            where = f"{self.path}:{line}"
-        elif index is not None:
-            where = f"{self.path} [item {index}, 0-based]"
-        else:
-            where = self.path
-        super().__init__(f"{where}: {message}")
+        self.message = message
+        super().__init__(self.at(self.path))
+
+    def at(self, source: str) -> str:
+        """The error as if `source` (e.g. the URL a downloaded file came from) had been read: its location
+        and the message."""
+        if self.line is not None:
+            return f"{source}:{self.line}: {self.message}"
+        if self.index is not None:
+            return f"{source} [item {self.index}, 0-based]: {self.message}"
+        return f"{source}: {self.message}"
 
 
 @dataclasses.dataclass(frozen=True)
