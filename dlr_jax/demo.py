@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from dlr_jax.workdir import final_dir, stage_dir
+from dlr_jax.run.workdir import final_dir, stage_dir
 
 
 def interop_demo(workdir: Path) -> dict[str, float]:
@@ -30,7 +30,7 @@ def interop_demo(workdir: Path) -> dict[str, float]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from dlr_jax.convert import load_hf, load_orbax, save_orbax
-    from dlr_jax.sampling import Sampler
+    from dlr_jax.generate.sampler import Sampler
 
     torch.manual_seed(0)
     hf_cfg = LlamaConfig(
@@ -77,12 +77,6 @@ def interop_demo(workdir: Path) -> dict[str, float]:
     }
 
 
-def _stage_available(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(f"dlr_jax.stages.{name}") is not None
-
-
 def training_budgets(cfg: Any) -> dict[str, str]:
     """Each demo method's training, stage by stage ("800 + 100 align + 400 SFT"): DLR starts from the CoT-SFT
     model, so the table's methods differ in budget as well as in method, and the demo says so."""
@@ -99,17 +93,14 @@ def training_budgets(cfg: Any) -> dict[str, str]:
 
 def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool = True) -> list[dict]:
     from dlr_jax.config import load_config
-    from dlr_jax.evaluate import evaluate
-    from dlr_jax.stages import align, sft, textsft
+    from dlr_jax.eval.evaluate import evaluate
+    from dlr_jax.stages import align, export, sft, textsft
+    from dlr_jax.stages.codebook import stage as codebook
+    from dlr_jax.stages.rl import stage as rl_stage
+    from dlr_jax.stages.rl.eval import reward_curve
 
     cfg = load_config(config, overrides)
-    use_codebook = _stage_available("codebook") and _stage_available("export") and cfg.latent.source == "codebook"
-    if not use_codebook and cfg.latent.source == "codebook":
-        print("note: the codebook stage is not available in this version; using latent.source=random "
-              "(fixed pseudo-random latent ids that carry no CoT content)", flush=True)
-        from dlr_jax.config import apply_overrides
-
-        cfg = apply_overrides(cfg, ["latent.source=random"])
+    use_codebook = cfg.latent.source == "codebook"
 
     def once(stage: str, fn) -> None:
         if (final_dir(workdir, stage) / "meta.json").is_file():
@@ -124,22 +115,14 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
     once("textsft_cot", lambda: textsft.run(cfg, workdir, "cot"))
     once("textsft_direct", lambda: textsft.run(cfg, workdir, "direct"))
     if use_codebook:
-        import importlib
-
-        for name in ("codebook", "export"):
-            mod = importlib.import_module(f"dlr_jax.stages.{name}")
-            once(name, lambda mod=mod: mod.run(cfg, workdir))
+        once("codebook", lambda: codebook.run(cfg, workdir))
+        once("export", lambda: export.run(cfg, workdir))
     once("align", lambda: align.run(cfg, workdir))
     once("sft", lambda: sft.run(cfg, workdir))
     methods = [("Direct-SFT", "textsft_direct"), ("CoT-SFT", "textsft_cot"), ("DLR-SFT", "sft")]
-    if rl and _stage_available("rl"):
-        import importlib
-
-        rl_mod = importlib.import_module("dlr_jax.stages.rl")
-        once("rl", lambda: rl_mod.run(cfg, workdir))
+    if rl:
+        once("rl", lambda: rl_stage.run(cfg, workdir))
         methods.append(("DLR-RL", "rl"))
-        from dlr_jax.stages.rl_eval import reward_curve
-
         curve = reward_curve(stage_dir(workdir, "rl") / "metrics.jsonl")
         if curve:
             where = cfg.rl.eval_split or cfg.data.eval_split
@@ -164,7 +147,7 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
 def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
     """The interpretability report of a few test questions: gold CoT image, latent ids, the OCR
     decoder's reading of them, predicted and gold answers."""
-    from dlr_jax.interpret import build_rows, write_report
+    from dlr_jax.eval.interpret import build_rows, write_report
 
     rows = build_rows(workdir, stage=stage, benchmark=benchmark, n=n)
     right = sum(bool(r["correct"]) for r in rows)

@@ -22,13 +22,13 @@ import os
 import sys
 from pathlib import Path
 
-from dlr_jax import preemption
 from dlr_jax.config import Config, ConfigError, dump_config, load_config
+from dlr_jax.core import preemption
+from dlr_jax.core.files import MissingStageError
 from dlr_jax.data.records import DataFormatError
-from dlr_jax.files import MissingStageError
-from dlr_jax.hf_config import ConversionError
-from dlr_jax.preflight import check_counts
-from dlr_jax.workdir import RunRefused, WorkdirLocked, open_run
+from dlr_jax.models.hf_config import ConversionError
+from dlr_jax.run.preflight import check_counts
+from dlr_jax.run.workdir import RunRefused, WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
 
@@ -49,27 +49,28 @@ def resolve_config(config: str | None, workdir: str, overrides: list[str]) -> Co
 def run_stage(stage: str, cfg: Config, workdir: str, *, mode: str = "both", steps: int | None = None) -> None:
     if stage == "textsft":
         from dlr_jax.stages import textsft
-
         for m in ("cot", "direct") if mode == "both" else (mode,):
             textsft.run(cfg, workdir, m, num_steps=steps)
             if preemption.requested():  # saved; start nothing else (exit code 143/130)
                 return
     elif stage == "align":
         from dlr_jax.stages import align
-
         align.run(cfg, workdir, num_steps=steps)
     elif stage == "sft":
         from dlr_jax.stages import sft
-
         sft.run(cfg, workdir, num_steps=steps)
-    elif stage in ("codebook", "export", "rl"):
-        try:
-            import importlib
+    elif stage == "codebook":
+        from dlr_jax.stages.codebook import stage as codebook
 
-            module = importlib.import_module(f"dlr_jax.stages.{stage}")
-        except ModuleNotFoundError:
-            raise SystemExit(f"stage {stage!r} is not implemented yet in this version of dlr_jax") from None
-        module.run(cfg, workdir, num_steps=steps)
+        codebook.run(cfg, workdir, num_steps=steps)
+    elif stage == "export":
+        from dlr_jax.stages import export
+
+        export.run(cfg, workdir, num_steps=steps)
+    elif stage == "rl":
+        from dlr_jax.stages.rl import stage as rl
+
+        rl.run(cfg, workdir, num_steps=steps)
     elif stage == "all":
         order = ["textsft", "align", "sft", "rl"]
         if cfg.latent.source == "codebook":
@@ -96,7 +97,7 @@ def _init_from_note(cfg: Config) -> str:
     import dataclasses
 
     from dlr_jax.config.model import RUN_MODEL_KEYS
-    from dlr_jax.hf_config import model_config_from_hf  # not stages.common: --print-config loads no jax
+    from dlr_jax.models.hf_config import model_config_from_hf  # not stages.common: --print-config loads no jax
 
     try:
         arch = model_config_from_hf(cfg.init_from, **cfg.model.run_keys())
@@ -189,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import jax
 
-    from dlr_jax.compile_cache import enable as enable_compile_cache
-    from dlr_jax.sharding import (  # jax only now: not --print-config
+    from dlr_jax.core.compile_cache import enable as enable_compile_cache
+    from dlr_jax.core.sharding import (  # jax only now: not --print-config
         all_processes_ok,
         maybe_initialize_distributed,
         processes_not_ok,

@@ -47,7 +47,7 @@ _CHILD = """
 import os, signal, sys
 kill_at = {kill_at!r}
 if kill_at:
-    from dlr_jax.trainer import Trainer
+    from dlr_jax.training.trainer import Trainer
     real = Trainer.train_step_async
     def step(self, batch):
         out = real(self, batch)

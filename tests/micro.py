@@ -22,15 +22,15 @@ def untrained_workdir(cfg, w, *, with_codebook: bool):
     import jax
     import numpy as np
 
-    from dlr_jax.checkpoint import save_params
     from dlr_jax.config import to_dict
+    from dlr_jax.core.sharding import make_mesh
     from dlr_jax.data.sources import load_examples
-    from dlr_jax.handoff import save_stage_model
     from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.run.checkpoint import save_params
+    from dlr_jax.run.handoff import save_stage_model
+    from dlr_jax.run.workdir import final_dir
     from dlr_jax.stages import common
     from dlr_jax.stages.latent_common import new_latent_lm
-    from dlr_jax.workdir import final_dir
 
     mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
     common.prepare_workdir(cfg, w)

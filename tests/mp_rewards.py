@@ -5,7 +5,7 @@ Adam blows up to full-size steps and no two topologies would agree on)."""
 
 import numpy as np
 
-from dlr_jax.rewards import RewardInputs, register_reward
+from dlr_jax.rewards.answer_format import RewardInputs, register_reward
 
 
 @register_reward("distinct_share")

@@ -122,4 +122,4 @@ def test_profile_dry_run_sets_the_window_and_the_hlo_dump(tmp_path):
     assert _sh("launch/profile.sh", "--dry-run", "sft", "-", str(w), env={"PROFILE_DIR": str(w)}).returncode == 2
 
 
-# The profiling recipe run for real (a trace file written, with its defaults): tests/test_metrics_resume.py.
+# The profiling recipe run for real (a trace file written, with its defaults): tests/core/test_metrics_log.py.

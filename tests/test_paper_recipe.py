@@ -109,8 +109,7 @@ def test_stage_and_workdir_still_required_without_print_config(capsys):
 
 @pytest.mark.parametrize("name", ["paper/gsm8k", "paper/math", "qwen3-4b"])
 def test_recipe_passes_the_stages_own_checks(name):
-    from dlr_jax.stages import rl
-
+    from dlr_jax.stages.rl import stage as rl
     cfg = load_config(CONFIGS / f"{name}.yaml")
     rl._check(cfg)  # raises listing every inconsistent rl setting
     assert cfg.rl.max_prompt_tokens + cfg.rl.max_new_tokens >= 2 * cfg.data.max_len  # prompts have a budget

@@ -8,8 +8,8 @@ import shlex
 from pathlib import Path
 
 from dlr_jax.config import save_config
+from dlr_jax.run.workdir import check_config_change, recordable
 from dlr_jax.train import resolve_config
-from dlr_jax.workdir import check_config_change, recordable
 
 ROOT = Path(__file__).resolve().parents[1]
 

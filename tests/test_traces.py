@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax import sampling
 from dlr_jax.config import ModelConfig
+from dlr_jax.generate import sampler as sampling
 from dlr_jax.models.transformer import Transformer
-from dlr_jax.trainer import TrainConfig, Trainer
+from dlr_jax.training.trainer import TrainConfig, Trainer
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                   head_dim=8)
@@ -56,8 +56,8 @@ def test_trainer_step_traces_once(tmp_path):
 
 
 def test_grpo_update_traces_once(tmp_path):
-    from dlr_jax.stages.grpo_step import grpo_update
-    from dlr_jax.stages.rl_loss import make_grpo_loss
+    from dlr_jax.stages.rl.loss import make_grpo_loss
+    from dlr_jax.stages.rl.step import grpo_update
 
     loss = chex.assert_max_traces(make_grpo_loss(temperature=1.0, beta=1e-3), n=1)
     trainer = Trainer(Transformer(CFG, rngs=nnx.Rngs(0)), loss, TCFG, tmp_path, mesh=None)
@@ -107,7 +107,7 @@ def test_codebook_step_traces_once(tmp_path):
     from dlr_jax.config import load_config
     from dlr_jax.data import render_pipeline as rp
     from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-    from dlr_jax.stages.codebook import codebook_loss
+    from dlr_jax.stages.codebook.stage import codebook_loss
     from tests.micro import codebook_nets
 
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", [

@@ -2,7 +2,7 @@
 
 Test programs are tiny, so compiling them costs more than running them, and two flags cut the compile:
 - LLVM at -O0 (`xla_backend_optimization_level=0`): the CPU time of a test file by 25-35 %
-  (tests/test_trainer.py: 90 -> 59 s).
+  (tests/training/test_trainer.py: 90 -> 59 s).
 - XLA:CPU's older elemental fusion emitters instead of its MLIR ones (`xla_cpu_use_fusion_emitters=false`):
   the codebook stage's train step, ~400 fusions at micro size, compiled in 1.9 s instead of 4.3 s, and the
   stage took 21 s instead of 30 s (2026-11-28).

@@ -120,8 +120,8 @@ def bench_codebook(cfg: Any, texts: list[str], *, repeats: int = 3, phases: Sequ
     phases = tuple(p for p in PHASES if p in phases)
     from dlr_jax.data import render_pipeline as rp
     from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model, jit_encode
-    from dlr_jax.stages.codebook import codebook_loss
-    from dlr_jax.trainer import Trainer
+    from dlr_jax.stages.codebook.stage import codebook_loss
+    from dlr_jax.training.trainer import Trainer
 
     cb = cfg.codebook
     tcfg = dataclasses.replace(cb.train, progress=False, async_checkpointing=False)

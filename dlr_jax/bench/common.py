@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from dlr_jax.config import ModelConfig
-from dlr_jax.machine import cpu_model
+from dlr_jax.core.machine import cpu_model
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_CONFIG = REPO / "configs" / "tiny.yaml"  # the demo's config: what most benchmarks default to

@@ -3,7 +3,7 @@
     python -m dlr_jax.bench.grpo_ours WORKLOAD.json   (started by `grpo_peers`; see peer_protocol.py)
 
 The policy and the reference are the workload's HF Llama imported with `load_hf`; the step is
-`dlr_jax.stages.grpo_step.GRPOStep` built as `stages.rl.run` builds it (trainer, sampling copy, sampler,
+`dlr_jax.stages.rl.step.GRPOStep` built as `stages.rl.run` builds it (trainer, sampling copy, sampler,
 reference state), its phases called in `GRPOStep.__call__`'s order: rollout -> score -> (the
 workload's reward) -> advantages -> update. Only the reward differs from the stage: the latent
 reward parses boundary tokens that a plain Llama never emits, so the workload's token reward
@@ -50,12 +50,12 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
     from flax import nnx
 
     from dlr_jax.convert import load_hf
-    from dlr_jax.sampling import Sampler
-    from dlr_jax.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
-    from dlr_jax.sharding import mesh_from_config
-    from dlr_jax.stages.grpo_step import GRPOStep
-    from dlr_jax.stages.rl_loss import make_grpo_loss
-    from dlr_jax.trainer import Trainer
+    from dlr_jax.core.sharding import mesh_from_config
+    from dlr_jax.generate.sampler import Sampler
+    from dlr_jax.generate.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
+    from dlr_jax.stages.rl.loss import make_grpo_loss
+    from dlr_jax.stages.rl.step import GRPOStep
+    from dlr_jax.training.trainer import Trainer
 
     cfg = stage_config(work)
     rl, rules = cfg.rl, cfg.mesh.rules

@@ -207,7 +207,7 @@ def bench_grpo_peers(size: common.Size, *, mus: tuple[int, ...] = (1, 4), steps:
 def update_flops(size: common.Size, sequences: int, seq_len: int) -> float:
     """FLOPs of one optimizer step's forward + backward over `sequences` rows of `seq_len` tokens (the
     teacher-forced policy pass every framework's GRPO loss needs; the optimizer's own FLOPs are negligible)."""
-    from dlr_jax.plan_flops import dense_lm_flops
+    from dlr_jax.plan.flops import dense_lm_flops
 
     return dense_lm_flops(common.model_config(size), sequences * seq_len, seq_len)
 
@@ -291,7 +291,7 @@ def _where_the_time_goes(res: PeersResult) -> list[str]:
     ours, trl = res.side("dlr_jax", mu), res.side("TRL", mu)
     text = (f"Where the time goes: one optimizer step of the update is {res.update_flops / 1e9:.1f} GFLOP "
             "(forward + backward of the policy over every rollout token, counted analytically: "
-            "`dlr_jax.plan_flops.dense_lm_flops`); the update column's GFLOP/s is that times mu over the phase's "
+            "`dlr_jax.plan.flops.dense_lm_flops`); the update column's GFLOP/s is that times mu over the phase's "
             "seconds.")
     if res.gemm:
         text += (" This host's fp32 GEMM ([2048, 2048] x [2048, 2048], best of 5, measured before the workers "

@@ -35,8 +35,8 @@ def stream_gbs(batch: int, k: int = 1 << 15, n: int = 2048, repeats: int = 5) ->
     [k, n] (256 MB at the defaults: far larger than the caches) in the form and with the options of the
     sampler's CPU decode loop (an out-major weight, `CPU_DECODE_OPTIONS`): how fast a decode step's
     matmuls can stream weights from memory on this machine."""
+    from dlr_jax.generate.sampler import CPU_DECODE_OPTIONS
     from dlr_jax.models.attention import OutMajor, dense
-    from dlr_jax.sampling import CPU_DECODE_OPTIONS
 
     rng = np.random.default_rng(0)
     x = jax.device_put(rng.standard_normal((batch, k), np.float32))
@@ -55,8 +55,8 @@ def step_matmuls_gbs(size: Size, batch: int, iters: int = 16, repeats: int = 3, 
     Unlike `stream_gbs` (one large matmul) this has the step's many small dots and its weights' working
     set (the KV cache aside), both of which slow a CPU's streaming: how long the step's weight matmuls
     take as the decode loop multiplies them, with nothing else in the step."""
+    from dlr_jax.generate.sampler import CPU_DECODE_OPTIONS
     from dlr_jax.models.attention import OutMajor, dense
-    from dlr_jax.sampling import CPU_DECODE_OPTIONS
 
     d, f, hd = size.hidden, size.mlp, size.hidden // size.heads
     q, kv = size.heads * hd, size.kv_heads * hd

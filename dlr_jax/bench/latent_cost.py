@@ -84,7 +84,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def missing_stages(workdir: Path) -> list[str]:
-    from dlr_jax.workdir import final_dir
+    from dlr_jax.run.workdir import final_dir
 
     return [s for s in REQUIRED if not (final_dir(workdir, s) / "meta.json").is_file()]
 
@@ -127,11 +127,11 @@ def bench_latent_cost(workdir: Path, *, questions: int, batch: int, repeats: int
     """`load`: the load average taken before this benchmark's first run (default: now); later readings
     would count the previous tables' own work."""
     from dlr_jax.data.sources import load_examples
-    from dlr_jax.evaluate import evaluate_examples
-    from dlr_jax.handoff import load_stage_model
-    from dlr_jax.rewards import KNOWN_BENCHMARKS
-    from dlr_jax.sampling import Sampler
-    from dlr_jax.workdir import final_dir
+    from dlr_jax.eval.evaluate import evaluate_examples
+    from dlr_jax.generate.sampler import Sampler
+    from dlr_jax.rewards.answer_format import KNOWN_BENCHMARKS
+    from dlr_jax.run.handoff import load_stage_model
+    from dlr_jax.run.workdir import final_dir
 
     loads = [common.load_average() if load is None else load]
     present = [m for m in METHODS if (final_dir(workdir, m[1]) / "meta.json").is_file()]

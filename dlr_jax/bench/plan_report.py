@@ -1,4 +1,4 @@
-"""A table of plans (`dlr_jax.plan`) for several configs, stages and devices, written to BENCHMARKS.md.
+"""A table of plans (`dlr_jax.plan.cli`) for several configs, stages and devices, written to BENCHMARKS.md.
 
     JAX_PLATFORMS=cpu python -m dlr_jax.bench.plan_report --configs configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml \\
         --stages sft,rl,rollout --devices h100,tpu-v5p --out BENCHMARKS.md
@@ -102,10 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.from_jsonl:
         rows = [json.loads(line) for line in a.from_jsonl.read_text().splitlines() if line.startswith("{")]
     else:
-        from dlr_jax import plan
         from dlr_jax.config import load_config
-        from dlr_jax.plan_targets import TARGETS
-        from dlr_jax.sharding import parse_mesh_spec
+        from dlr_jax.core.sharding import parse_mesh_spec
+        from dlr_jax.plan import cli as plan
+        from dlr_jax.plan.targets import TARGETS
 
         shape = parse_mesh_spec(a.mesh)
         for path in a.configs.split(","):

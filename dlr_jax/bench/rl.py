@@ -3,7 +3,7 @@
     python -m dlr_jax.bench --out BENCHMARKS.md --only rl [--rl-config configs/tiny.yaml]
         [--rl-steps N] [--rl-set key=value ...] [--rl-workdir W] [--rl-process-reward]
 
-The step is the stage's own: `dlr_jax.stages.rl.run` on a scratch workdir for 1 + N RL steps, and
+The step is the stage's own: `dlr_jax.stages.rl.stage.run` on a scratch workdir for 1 + N RL steps, and
 the numbers are its per-step `time/*` metrics (rollout = prompts drawn + `Sampler.generate` +
 assembling rows; score = teacher-forced old and reference log-probs; rewards = parsing + rewards +
 advantages; update = mu inner epochs of `Trainer` steps + resharding the policy for the sampler).
@@ -36,7 +36,7 @@ from flax import nnx
 
 from dlr_jax.bench import common
 from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import save_stage_model
+from dlr_jax.run.handoff import save_stage_model
 
 DEFAULT_CONFIG = common.TINY_CONFIG
 PHASES = ("rollout", "score", "rewards", "update")
@@ -125,7 +125,7 @@ def link_workdir(trained: Path, workdir: Path) -> None:
 def random_decoder(cfg: Any) -> Any:
     """A random-init OCR decoder of the config's `codebook:` section (for timing r_proc only)."""
     from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-    from dlr_jax.stages.codebook_models import LatentDecoder
+    from dlr_jax.stages.codebook.models import LatentDecoder
 
     model = build_codebook_model(CodebookModelConfig.from_config(cfg), seed=cfg.run.seed)
     return LatentDecoder(model, batch_size=cfg.codebook.eval_batch_size)
@@ -143,8 +143,7 @@ def _describe(model: Any) -> tuple[str, int]:
 def bench_rl(cfg: Any, *, steps: int = 3, trained: Path | None = None, process_reward: bool = False,
              config_name: str = "", log: Callable[[str], None] = print) -> RLBenchResult:
     """1 + `steps` RL steps of `stages.rl.run` on a scratch workdir; its per-step metrics."""
-    from dlr_jax.stages import rl
-
+    from dlr_jax.stages.rl import stage as rl
     with tempfile.TemporaryDirectory() as tmp:
         w = Path(tmp) / "wd"
         if trained is None:
@@ -188,7 +187,7 @@ def render_section(res: RLBenchResult, command: str, info: dict[str, str]) -> st
         + (" and reference" if res.beta else "") + " log-probs, rewards (answer + format"
         + (" + process r_proc" if res.process else "; r_proc off: no OCR decoder") + f"), then mu = "
         f"{res.inner_epochs} epochs of {res.updates_per_step // res.inner_epochs} updates of {res.batch_size} "
-        f"rollouts ({res.updates_per_step} optimizer steps). Timed by `dlr_jax.stages.rl.run`'s own `time/*` "
+        f"rollouts ({res.updates_per_step} optimizer steps). Timed by `dlr_jax.stages.rl.stage.run`'s own `time/*` "
         f"metrics; median of {len(res.timed)} steps after one warm-up step (compiles).",
         "",
         "| phase | seconds (median) | share of step | seconds per step | warm-up step s |",

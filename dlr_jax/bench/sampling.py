@@ -1,4 +1,4 @@
-"""Greedy sampling: `dlr_jax.sampling.Sampler` against `transformers` `generate` (`--only sampling`).
+"""Greedy sampling: `dlr_jax.generate.sampler.Sampler` against `transformers` `generate` (`--only sampling`).
 
 A random HF Llama is saved and imported with `load_hf`, so both sides run identical fp32 parameters
 (PyTorch with its KV cache on the other side); the greedy tokens are compared. Both sides run in
@@ -158,7 +158,7 @@ def bench_sampling(size: Size, *, batch: int = 16, prompt_len: int = 64, new_tok
     import torch
 
     from dlr_jax.convert import load_hf
-    from dlr_jax.sampling import Sampler
+    from dlr_jax.generate.sampler import Sampler
 
     loads = (load_average(),)
     device = sampling_device(device)
@@ -234,7 +234,7 @@ def render_sampling(res: SamplingResult, command: str, info: dict[str, str], all
     step_o, step_h = res.step_ms(res.ours_s, res.ours_prefill_s), res.step_ms(res.hf_s, res.hf_prefill_s)
     gbs = lambda ms: f"{res.param_bytes / (ms * 1e6):.1f}" if ms > 0 else "n/a"
     flops = lambda ms: f"{res.step_gflop / (ms / 1e3):.0f}" if ms > 0 else "n/a"
-    lines = header("Greedy sampling: dlr_jax.sampling vs transformers generate", command, info) + [
+    lines = header("Greedy sampling: dlr_jax.generate.sampler vs transformers generate", command, info) + [
         f"Model: random Llama, {res.size.describe()}; fp32; the same weights on both sides (HF model "
         "saved, then imported with `dlr_jax.convert.load_hf`). "
         f"Batch {res.batch} prompts x {res.prompt_len} tokens, {res.new_tokens} new tokens each, greedy, "
@@ -357,7 +357,7 @@ def render_sampling_gpu(res: SamplingResult, command: str, info: dict[str, str],
     row = lambda label, f: f"| {label} | " + " | ".join(f(*c) for c in cols) + " |"
     names = {"ours": "dlr_jax Sampler (default on GPU: layer scan)",
              "unstacked": "dlr_jax Sampler, `unstack_layers=True`", "transformers": "transformers generate (PyTorch)"}
-    lines = header("Greedy sampling on a GPU: dlr_jax.sampling vs transformers generate", command, info) + [
+    lines = header("Greedy sampling on a GPU: dlr_jax.generate.sampler vs transformers generate", command, info) + [
         f"Model: random Llama, {res.size.describe()}; fp32 on both sides, matmuls in full fp32 (no TF32: "
         "PyTorch's default, and JAX's `default_matmul_precision('float32')`); the same weights on both sides (HF "
         f"model saved, then imported with `dlr_jax.convert.load_hf`). Batch {res.batch} prompts x {res.prompt_len} "

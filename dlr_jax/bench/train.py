@@ -1,4 +1,4 @@
-"""SFT step throughput: `dlr_jax.trainer.Trainer` against a PyTorch `transformers` reference.
+"""SFT step throughput: `dlr_jax.training.trainer.Trainer` against a PyTorch `transformers` reference.
 
     python -m dlr_jax.bench --out BENCHMARKS.md --only train [--train-cases demo,medium]
 
@@ -182,7 +182,7 @@ class TorchSFT:
 
 def our_trainer(model: nnx.Module, workdir: Path, batch_size: int, lr: float, weight_decay: float) -> Any:
     from dlr_jax.stages.common import lm_loss
-    from dlr_jax.trainer import Trainer
+    from dlr_jax.training.trainer import Trainer
 
     # Constant learning rate (no warmup, cosine from lr to lr) so the two sides take the same steps.
     cfg = TrainConfig(learning_rate=lr, warmup_ratio=0.0, min_lr_ratio=1.0, weight_decay=weight_decay,

@@ -15,7 +15,7 @@ class FrozenMapping(dict):
     graph definitions), so every field must hash."""
 
     def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted((k, _freeze(v)) for k, v in self.items())))
+        return hash(tuple(sorted((k, freeze(v)) for k, v in self.items())))
 
     def _immutable(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("config mappings are immutable; use dataclasses.replace")
@@ -23,11 +23,11 @@ class FrozenMapping(dict):
     __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _immutable  # type: ignore
 
 
-def _freeze(v: Any) -> Any:
+def freeze(v: Any) -> Any:
     if isinstance(v, Mapping):
-        return FrozenMapping({k: _freeze(x) for k, x in v.items()})
+        return FrozenMapping({k: freeze(x) for k, x in v.items()})
     if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
+        return tuple(freeze(x) for x in v)
     return v
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from dlr_jax.config.base import ConfigError
-from dlr_jax.files import write_text_atomic
+from dlr_jax.core.files import write_text_atomic
 
 BASE_KEY = "base"  # a YAML file's `base: other.yaml` (or a list) is read first and deep-merged under it
 

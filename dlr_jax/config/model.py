@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from dlr_jax.config.base import ConfigError, FrozenMapping, _freeze, auto_on_off, check_dtype
+from dlr_jax.config.base import ConfigError, FrozenMapping, auto_on_off, check_dtype, freeze
 
 # ModelConfig fields that describe how a run computes, not the architecture: with `init_from` they come
 # from the YAML model section (the recipe's bf16 compute, remat), everything else from config.json.
@@ -60,7 +60,7 @@ class ModelConfig:
         for key in ("dtype", "param_dtype"):
             object.__setattr__(self, key, check_dtype(getattr(self, key), f"model.{key}"))
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, FrozenMapping):
-            object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
+            object.__setattr__(self, "rope_scaling", freeze(self.rope_scaling))
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
@@ -95,7 +95,7 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     prompt_bucket: int = 64  # prompt lengths are padded up to a multiple of this
-    # The decode loop's layer layout (`dlr_jax.sampling.Sampler(unstack_layers=)`), for RL rollouts and
+    # The decode loop's layer layout (`dlr_jax.generate.sampler.Sampler(unstack_layers=)`), for RL rollouts and
     # evaluation: auto = each layer's weights sliced once per call on CPU (XLA:CPU copies a scanned layer's
     # slices every token), the layer scan on GPU and TPU; on / off force either. On an H100 "on" made a
     # 33.6M-parameter model's greedy calls 1.5x faster (a GRPO step's rollouts 1.17x, the step 2 %) but compiled

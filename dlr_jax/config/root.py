@@ -13,7 +13,7 @@ from dlr_jax.config.stages import CodebookConfig, EvalConfig, LatentConfig, RLCo
 class RunConfig:
     seed: int = 0
     workdir: str = "runs/tiny"
-    # true: a rerun in an existing workdir may change safe keys (lr, steps, ...); see dlr_jax/workdir.py
+    # true: a rerun in an existing workdir may change safe keys (lr, steps, ...); see dlr_jax/run/workdir.py
     allow_config_change: bool = False
 
 

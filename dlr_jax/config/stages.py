@@ -11,7 +11,7 @@ from dlr_jax.config.base import ConfigError, auto_on_off, check_dtype
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Optimiser and loop settings of one stage (dlr_jax/trainer.py)."""
+    """Optimiser and loop settings of one stage (dlr_jax/training/trainer.py)."""
 
     learning_rate: float = 1e-4
     warmup_ratio: float = 0.03
@@ -95,7 +95,7 @@ class StagesConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
-    """Latent GRPO (stage rl, dlr_jax/stages/rl.py). Defaults follow the paper where it gives a value: G = 32
+    """Latent GRPO (stage rl, dlr_jax/stages/rl/stage.py). Defaults follow the paper where it gives a value: G = 32
     rollouts per prompt at T = 1.0, reward R_ans + 0.25 r_proc + 0.1 R_fmt, group-normalised advantages,
     token-level clipped ratio (eps = 0.2), k3 KL to the SFT model (beta = 1e-3), mu = 4 inner epochs; the
     prompts per step and the lengths are ours (configs/paper/gsm8k.yaml sets the recipe's: 2 prompts, 256 tokens).
@@ -117,13 +117,13 @@ class RLConfig:
     answer_weight: float = 1.0
     process_weight: float = 0.25
     format_weight: float = 0.1
-    scale_rewards: str = "group"  # group | batch | none (dlr_jax.grpo.group_advantages)
+    scale_rewards: str = "group"  # group | batch | none (dlr_jax.stages.rl.grpo.group_advantages)
     epsilon: float = 0.2
     epsilon_high: float | None = None  # None = epsilon (DAPO clip-higher: e.g. 0.28)
     beta: float = 1e-3  # k3 KL to the reference (SFT) policy; 0 skips the reference model
     inner_epochs: int = 4  # mu
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | dr_grpo
-    # Rollouts decode from a sampling copy of the policy (dlr_jax/sampling_copy.py), refreshed on device
+    # Rollouts decode from a sampling copy of the policy (dlr_jax/generate/sampling_copy.py), refreshed on device
     # after every RL step. sample_mesh: its layout — "auto" = tensor-parallel over one process's devices
     # as far as heads / MLP / vocabulary divide, data-parallel over the rest; "" = the training mesh
     # (FSDP: the decode loop then all-gathers every weight for every token); or "data=2,fsdp=1,tensor=4".
@@ -138,11 +138,11 @@ class RLConfig:
     process_max_cot_tokens: int = 256  # decoded CoT y_hat is cut to this many tokens
     process_batch_size: int = 64
     # Your own rewards on top of the three above: "name=weight" entries of the reward registry
-    # (dlr_jax.rewards.register_reward), e.g. ["brevity=0.5"]; reward_modules are imported first so
+    # (dlr_jax.rewards.answer_format.register_reward), e.g. ["brevity=0.5"]; reward_modules are imported first so
     # their @register_reward decorators run (e.g. ["my_project.rewards"]).
     extra_rewards: tuple[str, ...] = ()
     reward_modules: tuple[str, ...] = ()
-    # Held-out reward curve (dlr_jax/stages/rl_eval.py): the first eval_prompts prompts of data.eval_split,
+    # Held-out reward curve (dlr_jax/stages/rl/eval.py): the first eval_prompts prompts of data.eval_split,
     # eval_samples rollouts each at rl.temperature with fixed random numbers, scored with the training
     # reward before step 1, every eval_every RL steps and at the end. 0 = off.
     eval_prompts: int = 0
@@ -159,7 +159,7 @@ RENDER_VIEWS = ("cot", "results", "result_lines")  # codebook.render_view (dlr_j
 
 @dataclasses.dataclass(frozen=True)
 class CodebookConfig:
-    """Stage codebook (dlr_jax/stages/codebook.py, DESIGN §1): CoT image -> SAM ViT + compressor + causal
+    """Stage codebook (dlr_jax/stages/codebook/stage.py, DESIGN §1): CoT image -> SAM ViT + compressor + causal
     flow -> stochastic VQ -> OCR decoder, then stage export writes every example's latent ids.
     K = latent.num_latents and d_c = latent.latent_dim (the flow width). Defaults are the paper's
     (DeepEncoder V2 sizes, lambda_vq = 0.25, beta = 0.1, alpha over one epoch); configs/tiny.yaml
@@ -172,7 +172,7 @@ class CodebookConfig:
     eval_corpus: tuple[str, ...] = ()
     eval_examples: int = 256
     export_splits: tuple[str, ...] = ()  # besides data.train_split / data.eval_split
-    # rendering (dlr_jax.render.RenderConfig); training draws one font size per example
+    # rendering (dlr_jax.text.render.RenderConfig); training draws one font size per example
     font_mean: float = 17.5
     font_std: float = 1.5
     font_min: int = 15

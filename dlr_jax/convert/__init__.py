@@ -16,7 +16,7 @@ is part of DESIGN.md's contract).
 """
 
 from dlr_jax.convert.decoder import hf_config_dict, load_hf, load_orbax, save_hf, save_orbax
-from dlr_jax.hf_config import ConversionError, model_config_from_hf
+from dlr_jax.models.hf_config import ConversionError, model_config_from_hf
 
 __all__ = ["ConversionError", "hf_config_dict", "load_hf", "load_orbax", "model_config_from_hf", "save_hf",
            "save_orbax"]

@@ -19,8 +19,8 @@ import jax
 from dlr_jax.convert import ocr2 as o2
 from dlr_jax.convert.decoder import load_hf, load_orbax, save_hf, save_orbax
 from dlr_jax.convert.workdir_export import export_stage, prepare_out_dir
-from dlr_jax.hf_config import ConversionError, supported_model_types
-from dlr_jax.sharding import make_mesh, parse_mesh_spec
+from dlr_jax.core.sharding import make_mesh, parse_mesh_spec
+from dlr_jax.models.hf_config import ConversionError, supported_model_types
 
 # Tokenizer files a conversion carries over beside the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

@@ -44,9 +44,9 @@ from dlr_jax.convert.tensors import (
     save_param_state,
     tensor_index,
 )
-from dlr_jax.hf_config import FAMILIES, ConversionError, Family, model_config_from_hf, supported_model_types
+from dlr_jax.core.sharding import host_value
+from dlr_jax.models.hf_config import FAMILIES, ConversionError, Family, model_config_from_hf, supported_model_types
 from dlr_jax.models.transformer import Transformer
-from dlr_jax.sharding import host_value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,12 +25,12 @@ from jax.sharding import Mesh
 
 from dlr_jax.convert.ocr2_names import HFTensors, to_disk_names
 from dlr_jax.convert.tensors import default_mesh, param_sharding, path_str, restore_param_state, save_param_state
-from dlr_jax.hf_config import ConversionError
+from dlr_jax.core.sharding import host_value
 from dlr_jax.models.causal_flow import load_hf_vision_state_dict
+from dlr_jax.models.hf_config import ConversionError
 from dlr_jax.models.moe import moe_arrays_from_hf, moe_arrays_to_hf
 from dlr_jax.models.ocr2 import MODEL_TYPE, Ocr2Config, Ocr2Model, hf_config_dict, ocr2_config_from_hf
 from dlr_jax.models.ocr2_text import ATTN_NAMES, DENSE_NAMES
-from dlr_jax.sharding import host_value
 
 V = "model.vision_tower."
 T = "model.language_model."

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from dlr_jax.convert.tensors import TensorReader, tensor_index
-from dlr_jax.hf_config import ConversionError
+from dlr_jax.models.hf_config import ConversionError
 
 # On disk, checkpoints (the released one, and what transformers' save_pretrained writes) use the
 # original DeepSeek-OCR-2 names and per-expert tensors; transformers renames them on load

@@ -13,9 +13,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from dlr_jax.checkpoint import configure_orbax
-from dlr_jax.hf_config import ConversionError
-from dlr_jax.sharding import logical_to_spec, make_mesh
+from dlr_jax.core.sharding import logical_to_spec, make_mesh
+from dlr_jax.models.hf_config import ConversionError
+from dlr_jax.run.checkpoint import configure_orbax
 
 
 def check_finite(x: np.ndarray, name: str, where: str | Path) -> None:

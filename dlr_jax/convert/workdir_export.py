@@ -12,7 +12,7 @@ sft|rl|align|textsft_cot|textsft_direct --out DIR`) writes a standard `transform
   `suppress_tokens`, which `generate` sets to -inf. Input rows of ids our model never reads keep the
   clipping it applies (the backbone's last row), so even those embed the same.
 - the tokenizer (`tokenizer.json` + `tokenizer_config.json`) is ours plus one added token per row:
-  `<z_k>` at latent id k (what `dlr_jax.tokens.Tokenizer` prints and parses), placeholders in the gap
+  `<z_k>` at latent id k (what `dlr_jax.text.tokens.Tokenizer` prints and parses), placeholders in the gap
   and padding rows, the boundary tokens as they are; `generation_config.json` stops at `</answer>` or
   eos, as our sampler does.
 - a text stage (CoT-/Direct-SFT) is its backbone as is, with the tokenizer.
@@ -35,14 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from dlr_jax.checkpoint import read_meta
 from dlr_jax.convert.decoder import abstract_model, save_hf
 from dlr_jax.convert.tensors import check_finite, path_str
-from dlr_jax.handoff import load_stage_model
-from dlr_jax.hf_config import ConversionError
-from dlr_jax.sharding import host_value
-from dlr_jax.tokens import BOUNDARY_TOKENS
-from dlr_jax.workdir import final_dir
+from dlr_jax.core.sharding import host_value
+from dlr_jax.models.hf_config import ConversionError
+from dlr_jax.run.checkpoint import read_meta
+from dlr_jax.run.handoff import load_stage_model
+from dlr_jax.run.workdir import final_dir
+from dlr_jax.text.tokens import BOUNDARY_TOKENS
 
 # Files an export writes; with --force these (and any other shard) go before writing.
 EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
@@ -140,7 +140,7 @@ def latent_lm_as_transformer(lm: Any):
 def export_stage(workdir: str | Path, stage: str, out: str | Path, *, force: bool = False,
                  dtype: str | None = None) -> Path:
     """Writes `<workdir>/<stage>/final` as a transformers checkpoint + tokenizer in `out`."""
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.core.sharding import make_mesh
 
     d = final_dir(workdir, stage)
     if not (d / "meta.json").is_file():

@@ -31,7 +31,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from dlr_jax.tokens import Tokenizer
+from dlr_jax.text.tokens import Tokenizer
 
 PROMPT_SEP = "\n"
 TEXTSFT_MODES = ("cot", "direct")
@@ -104,7 +104,7 @@ class Parsed:
     latent_ids:  the latent vocabulary ids generated, in order (before the first <eos>).
     answer_text: the stripped text inside the last <answer> ... </answer> span (an unclosed final
                  span runs to the end); None when there is no <answer>. No number fallback here:
-                 `dlr_jax.rewards.extract_answer(text)` adds that.
+                 `dlr_jax.rewards.answer_format.extract_answer(text)` adds that.
     text:        the generation decoded up to the first <eos>, boundary tokens kept, latent ids
                  left out (so a last-number fallback can never read digits out of `<z_k>`).
     n_latents:   len(latent_ids), the per-sample #L.

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
+from dlr_jax.core.files import atomic_path
 from dlr_jax.data.cot_view import step_results
 from dlr_jax.data.records import DataFormatError, Example, iter_jsonl, require
-from dlr_jax.files import atomic_path
 
 LATENTS_DIR = "latents"
 RECORD_FIELDS = ("question", "cot", "answer", "source", "extra")

@@ -59,8 +59,8 @@ from dlr_jax.config import ConfigError
 from dlr_jax.data import formats
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.records import Example
-from dlr_jax.ocr_text import encode_target
-from dlr_jax.tokens import Tokenizer
+from dlr_jax.text.ocr_text import encode_target
+from dlr_jax.text.tokens import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ def make_stage_dataset(
     ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
     if pack:
         it = FirstFitPackIterDataset(
-            ds.to_iter_dataset(_read_options(num_threads, _PACK_READ_AHEAD)),
+            ds.to_iter_dataset(read_options(num_threads, _PACK_READ_AHEAD)),
             length_struct={"tokens": max_len, "loss_mask": max_len},
             num_packing_bins=num_packing_bins or batch_size,
             seed=seed,
@@ -300,14 +300,14 @@ def make_stage_dataset(
     def from_batch(start: int) -> Any:
         # Resuming = reading the same (global-order) batch dataset from global batch `start` on.
         tail = batches[start:] if start else batches
-        return _prefetch(tail.to_iter_dataset(_read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
+        return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
 
     return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items))
 
 
 def _prefetch(it: grain.IterDataset, num_workers: int) -> grain.IterDataset:
     if num_workers > 0:
-        _mark_absl_flags_parsed()
+        mark_absl_flags_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=2))
     return it
 
@@ -398,7 +398,7 @@ class StageIterator:
         self._it.set_state(state["packed"])
 
 
-def _read_options(num_threads: int, read_ahead: int) -> grain.ReadOptions:
+def read_options(num_threads: int, read_ahead: int) -> grain.ReadOptions:
     # grain's default (16 threads, 500 elements ahead) polls every buffered future on each element
     # (packing ran 6x slower) and would hold 500 whole batches in memory. Not
     # ThreadPrefetchIterDataset either: its daemon thread aborts the interpreter at exit (rc 134)
@@ -406,7 +406,7 @@ def _read_options(num_threads: int, read_ahead: int) -> grain.ReadOptions:
     return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=read_ahead if num_threads else 0)
 
 
-def _mark_absl_flags_parsed() -> None:
+def mark_absl_flags_parsed() -> None:
     # grain 0.2.18 reads an absl flag when starting workers and raises UnparsedFlagAccessError in
     # scripts that never ran absl.app (google/grain#1355, fixed upstream by #1362). Marking the
     # flags parsed keeps their defaults; a program that parses its own absl flags is unaffected.

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from dlr_jax.config import ConfigError
+from dlr_jax.core.files import write_text_atomic
 from dlr_jax.data.records import Example
-from dlr_jax.files import write_text_atomic
 
 PARTS = ("sft", "rl")
 PROTOCOL_FILE = "data_protocol.json"

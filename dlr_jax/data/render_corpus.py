@@ -58,9 +58,9 @@ import tensorflow_datasets as tfds
 from PIL import Image
 from tqdm import tqdm
 
-from dlr_jax import render
+from dlr_jax.core.files import write_text_atomic
 from dlr_jax.data import render_pipeline as rp
-from dlr_jax.files import write_text_atomic
+from dlr_jax.text import render
 
 FORMAT = 1
 BUILDER = "dlr_render_corpus"
@@ -145,7 +145,7 @@ class DlrRenderCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,
-            description="CoTs rendered by dlr_jax.render (grey PNG) for the codebook stage.",
+            description="CoTs rendered by dlr_jax.text.render (grey PNG) for the codebook stage.",
             features=tfds.features.FeaturesDict({
                 "png": tfds.features.Tensor(shape=(), dtype=np.object_),
                 "text": tfds.features.Text(),

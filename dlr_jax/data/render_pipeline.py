@@ -46,9 +46,9 @@ from typing import Any
 import grain
 import numpy as np
 
-from dlr_jax import render
-from dlr_jax.data.pipeline import _mark_absl_flags_parsed, _read_options
-from dlr_jax.ocr_text import encode_target, normalize_text
+from dlr_jax.data.pipeline import mark_absl_flags_parsed, read_options
+from dlr_jax.text import render
+from dlr_jax.text.ocr_text import encode_target, normalize_text
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,12 @@ def cot_pieces(text: str, max_chars: int) -> list[str]:
 def canvas_side(text: str, font_size: int, config: render.RenderConfig) -> tuple[int, bool, bool]:
     """(side, shrunk, truncated) that `render.render_cot_ex(text, font_size=..)` gives, without drawing."""
     path = config.font_path or render.default_font_path()
-    found = render._layout(render._paragraphs(text), font_size, config, path)
+    found = render.fit_layout(render.split_paragraphs(text), font_size, config, path)
     if found is not None:
         return found[0], False, False
     if config.overflow == "shrink":
         for size in range(font_size - 1, config.min_font_size - 1, -1):
-            found = render._layout(render._paragraphs(text), size, config, path)
+            found = render.fit_layout(render.split_paragraphs(text), size, config, path)
             if found is not None:
                 return found[0], True, False
     return config.max_side, config.overflow == "shrink", True
@@ -226,9 +226,9 @@ def render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> d
 
 
 def _finish(ds: grain.MapDataset, num_workers: int, num_threads: int) -> grain.IterDataset:
-    it = ds.to_iter_dataset(_read_options(num_threads, 2 if num_threads else 0))
+    it = ds.to_iter_dataset(read_options(num_threads, 2 if num_threads else 0))
     if num_workers > 0:
-        _mark_absl_flags_parsed()
+        mark_absl_flags_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=2))
     return it
 

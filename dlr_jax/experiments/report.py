@@ -17,11 +17,11 @@ from typing import Any
 import yaml
 
 from dlr_jax.config import to_dict
+from dlr_jax.core.machine import cpu_model
 from dlr_jax.experiments.plan import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT, Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
-from dlr_jax.machine import cpu_model
-from dlr_jax.workdir import final_dir, stage_dir, workdir_config
+from dlr_jax.run.workdir import final_dir, stage_dir, workdir_config
 
 FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")
 

@@ -10,7 +10,7 @@ import numpy as np
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and population std (ddof=0, as `dlr_jax.eval_aggregate` reports seeds)."""
+    """Mean and population std (ddof=0, as `dlr_jax.eval.aggregate` reports seeds)."""
     v = np.asarray(values, np.float64)
     if v.size == 0:
         return float("nan"), float("nan")

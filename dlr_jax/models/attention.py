@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from dlr_jax.core.sharding import get_abstract_mesh
 from dlr_jax.models.splash import splash_attention, splash_fits
-from dlr_jax.sharding import get_abstract_mesh
 
 NEG_INF = -1e30  # finite, so fully-masked (padding) query rows give uniform weights, not NaN
 

@@ -33,17 +33,17 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ConfigError, ModelConfig
-from dlr_jax.models.transformer import DecoderLayers, _param, rms_norm, run_layers
+from dlr_jax.core.sharding import constrain
+from dlr_jax.models.transformer import DecoderLayers, new_param, rms_norm, run_layers
 from dlr_jax.models.vision import (
     DEEPENCODER_V2_VISION,
     TINY_VISION,
     VisionConfig,
     VisionTower,
-    _np,
-    _set,
     load_sam_state_dict,
+    set_value,
+    to_numpy,
 )
-from dlr_jax.sharding import constrain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,8 +121,8 @@ class CausalFlow(nnx.Module):
         self.model_cfg = cfg.model_config()
         pd = jnp.dtype(cfg.param_dtype)
         self.layers = DecoderLayers(self.model_cfg, rngs=rngs)
-        self.final_norm = _param(rngs, (cfg.hidden_size,), ("norm",), pd, "ones")
-        self.query_pool = _param(rngs, (cfg.num_queries, cfg.hidden_size), ("queries", "embed"), pd)
+        self.final_norm = new_param(rngs, (cfg.hidden_size,), ("norm",), pd, "ones")
+        self.query_pool = new_param(rngs, (cfg.num_queries, cfg.hidden_size), ("queries", "embed"), pd)
 
     def hidden_states(
         self,
@@ -204,7 +204,7 @@ class Encoder(nnx.Module):
         self.flow = CausalFlow(cfg.flow, rngs=rngs)
         if cfg.out_dim != cfg.flow.hidden_size:
             w = cfg.flow.hidden_size
-            self.code_proj = _param(rngs, (w, cfg.out_dim), ("embed", "latent_dim"), jnp.dtype(cfg.flow.param_dtype),
+            self.code_proj = new_param(rngs, (w, cfg.out_dim), ("embed", "latent_dim"), jnp.dtype(cfg.flow.param_dtype),
                                     scale=1.0 / np.sqrt(w))
 
     def __call__(self, images: Float[Array, "b H W c"]) -> Float[Array, "b n dc"]:
@@ -234,23 +234,23 @@ def load_flow_state_dict(
     d, h, kv, hd = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
 
     def heads(name: str, n: int) -> np.ndarray:  # [n*hd, d] -> [d, n, hd]
-        return _np(sd[name]).reshape(n, hd, d).transpose(2, 0, 1)
+        return to_numpy(sd[name]).reshape(n, hd, d).transpose(2, 0, 1)
 
     def one(i: int) -> dict[str, np.ndarray]:
         p = f"{prefix}layers.{i}."
         a = p + "self_attn."
         return {
-            "attn_norm": _np(sd[p + "input_layernorm.weight"]),
+            "attn_norm": to_numpy(sd[p + "input_layernorm.weight"]),
             "q_proj": heads(a + "q_proj.weight", h), "k_proj": heads(a + "k_proj.weight", kv),
             "v_proj": heads(a + "v_proj.weight", kv),
-            "q_bias": _np(sd[a + "q_proj.bias"]).reshape(h, hd),
-            "k_bias": _np(sd[a + "k_proj.bias"]).reshape(kv, hd),
-            "v_bias": _np(sd[a + "v_proj.bias"]).reshape(kv, hd),
-            "o_proj": _np(sd[a + "o_proj.weight"]).reshape(d, h, hd).transpose(1, 2, 0),
-            "mlp_norm": _np(sd[p + "post_attention_layernorm.weight"]),
-            "gate_proj": _np(sd[p + "mlp.gate_proj.weight"]).T,
-            "up_proj": _np(sd[p + "mlp.up_proj.weight"]).T,
-            "down_proj": _np(sd[p + "mlp.down_proj.weight"]).T,
+            "q_bias": to_numpy(sd[a + "q_proj.bias"]).reshape(h, hd),
+            "k_bias": to_numpy(sd[a + "k_proj.bias"]).reshape(kv, hd),
+            "v_bias": to_numpy(sd[a + "v_proj.bias"]).reshape(kv, hd),
+            "o_proj": to_numpy(sd[a + "o_proj.weight"]).reshape(d, h, hd).transpose(1, 2, 0),
+            "mlp_norm": to_numpy(sd[p + "post_attention_layernorm.weight"]),
+            "gate_proj": to_numpy(sd[p + "mlp.gate_proj.weight"]).T,
+            "up_proj": to_numpy(sd[p + "mlp.up_proj.weight"]).T,
+            "down_proj": to_numpy(sd[p + "mlp.down_proj.weight"]).T,
         }
 
     first = f"{prefix}layers.0.input_layernorm.weight"
@@ -258,10 +258,10 @@ def load_flow_state_dict(
         raise KeyError(f"state dict lacks {first} (is prefix={prefix!r} right?)")
     per_layer = [one(i) for i in range(c.num_layers)]
     for name in flow.layers.names:
-        _set(getattr(flow.layers, name), np.stack([lay[name] for lay in per_layer]), f"layers.*.{name}")
-    _set(flow.final_norm, _np(sd[prefix + "norm.weight"]), "norm")
+        set_value(getattr(flow.layers, name), np.stack([lay[name] for lay in per_layer]), f"layers.*.{name}")
+    set_value(flow.final_norm, to_numpy(sd[prefix + "norm.weight"]), "norm")
     if query_table is not None:
-        _set(flow.query_pool, _np(sd[query_table]), query_table)
+        set_value(flow.query_pool, to_numpy(sd[query_table]), query_table)
 
 
 def load_hf_vision_state_dict(
@@ -272,7 +272,7 @@ def load_hf_vision_state_dict(
     row count equals `flow.num_queries` (256 -> query_1024_resolution, 144 -> query_768_resolution)."""
     load_sam_state_dict(encoder.vision, sd, prefix + "sam_encoder.")
     if query_table is None:
-        by_rows = {_np(sd[k]).shape[0]: k for k in (prefix + "query_768_resolution.weight",
+        by_rows = {to_numpy(sd[k]).shape[0]: k for k in (prefix + "query_768_resolution.weight",
                                                      prefix + "query_1024_resolution.weight") if k in sd}
         rows = encoder.cfg.flow.num_queries
         if rows not in by_rows:

@@ -6,7 +6,7 @@
 
 N = (L / 64)^2 and every N up to the query pool size runs (the pool is truncated to N rows).
 
-Text side: the OCR decoder reads and writes characters (`dlr_jax.ocr_text`: why characters, and
+Text side: the OCR decoder reads and writes characters (`dlr_jax.text.ocr_text`: why characters, and
 the targets as the renderer lays the text out).
 
 `greedy_decode` is the jitted reconstruction: prefill the prefix and <bos> through the KV cache,
@@ -29,13 +29,13 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import Config, ConfigError, ModelConfig, from_dict, to_dict
+from dlr_jax.core.sharding import host_value
 from dlr_jax.models.causal_flow import CausalFlowConfig, Encoder, EncoderConfig
-from dlr_jax.models.transformer import Transformer, _param, causal_mask, segment_positions
+from dlr_jax.models.transformer import Transformer, causal_mask, new_param, segment_positions
 from dlr_jax.models.vision import VisionConfig, normalize_images
 from dlr_jax.models.vq import VectorQuantizer, nearest_codes
-from dlr_jax.ocr_text import VOCAB
-from dlr_jax.render import PATCH
-from dlr_jax.sharding import host_value
+from dlr_jax.text.ocr_text import VOCAB
+from dlr_jax.text.render import PATCH
 
 # ----------------------------------------------------------------------------------------------
 # Configuration.
@@ -131,7 +131,7 @@ class CodebookModel(nnx.Module):
         self.vq = VectorQuantizer(cfg.num_codes, cfg.code_dim, sigma=cfg.sigma, rngs=rngs)
         pd = jnp.dtype(cfg.decoder.param_dtype)
         scale = 1.0 / np.sqrt(cfg.code_dim)
-        self.prefix_proj = _param(rngs, (cfg.code_dim, cfg.decoder.hidden_size), ("latent_dim", "embed"), pd,
+        self.prefix_proj = new_param(rngs, (cfg.code_dim, cfg.decoder.hidden_size), ("latent_dim", "embed"), pd,
                                   scale=scale)
         self.decoder = Transformer(cfg.decoder, rngs=rngs)
 

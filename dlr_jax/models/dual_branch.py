@@ -35,10 +35,10 @@ import numpy as np
 from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
+from dlr_jax.core.sharding import host_value, named_sharding, put_global
 from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig
 from dlr_jax.models.latent_lm import LatentLM
 from dlr_jax.models.transformer import Transformer, causal_mask, segment_positions
-from dlr_jax.sharding import host_value, named_sharding, put_global
 
 PREFIX_AXES = (None, "embed")  # [d_model, d_dec]: d_dec is the decoder's embed dim
 ROW_AXES = ("codes", None)  # [K, d_model]

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from dlr_jax.sharding import active_rules, constrain, get_abstract_mesh, logical_to_spec
+from dlr_jax.core.sharding import active_rules, constrain, get_abstract_mesh, logical_to_spec
 
 TABLE_AXES = ("vocab", "embed")
 

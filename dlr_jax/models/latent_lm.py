@@ -1,6 +1,6 @@
 """A decoder-only backbone plus K latent vocabulary rows built from the VQ codebook (DESIGN.md §3).
 
-Id layout (one softmax over all of it; `dlr_jax.tokens.Tokenizer` produces the same layout):
+Id layout (one softmax over all of it; `dlr_jax.text.tokens.Tokenizer` produces the same layout):
 
     [0, V_b)                                   text rows: the backbone's own embedding / lm_head
     [V_b, latent_offset)                       gap rows (latent_offset set past the model): masked
@@ -18,7 +18,7 @@ latent logits use h . (c W + b) = (h W^T) . c + h . b, i.e. h is projected down 
 
 The backbone is wrapped, not copied: `from_backbone` takes an existing (e.g. HF-imported, sharded)
 `Transformer`; its seams `embed_tokens` / `logits_from_hidden` / `trunk` / `trunk_cached` are reused,
-so `dlr_jax.sampling.Sampler(latent_lm)` works unchanged.
+so `dlr_jax.generate.sampler.Sampler(latent_lm)` works unchanged.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from jax.sharding import NamedSharding
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ModelConfig
+from dlr_jax.core.sharding import constrain, named_sharding
 from dlr_jax.models.attention import OutMajor
 from dlr_jax.models.transformer import KVCache, Transformer, dense, out_major_layers
-from dlr_jax.sharding import constrain, named_sharding
 
 MASKED_LOGIT = -1e9
 
@@ -121,7 +121,7 @@ class LatentConfig:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, latent_dim: int, **kwargs: Any) -> LatentConfig:
-        """Layout from a `dlr_jax.tokens.Tokenizer` (K = its `num_latents`); text rows it never
+        """Layout from a `dlr_jax.text.tokens.Tokenizer` (K = its `num_latents`); text rows it never
         produces are masked out of the softmax."""
         if tokenizer.num_latents < 1:
             raise ValueError(

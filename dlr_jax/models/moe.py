@@ -33,8 +33,8 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from dlr_jax.config import ConfigError
-from dlr_jax.models.transformer import _param
-from dlr_jax.sharding import constrain
+from dlr_jax.core.sharding import constrain
+from dlr_jax.models.transformer import new_param
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ class MoeLayers(nnx.Module):
         self.names = tuple(shapes)
         for name, shape in shapes.items():
             dt = jnp.float32 if name == "router" else jnp.dtype(cfg.param_dtype)  # router stays fp32
-            setattr(self, name, _param(rngs, shape, MOE_PARAM_AXES[name], dt))
+            setattr(self, name, new_param(rngs, shape, MOE_PARAM_AXES[name], dt))
 
     def arrays(self) -> dict[str, jax.Array]:
         return {n: getattr(self, n)[...] for n in self.names}

@@ -27,14 +27,14 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from dlr_jax.config import ModelConfig
-from dlr_jax.hf_config import ConversionError
+from dlr_jax.core.sharding import constrain
 from dlr_jax.models.causal_flow import CausalFlow, CausalFlowConfig, Encoder, EncoderConfig, flow_positions, hybrid_mask
+from dlr_jax.models.hf_config import ConversionError
 from dlr_jax.models.moe import MoeConfig
 from dlr_jax.models.ocr2_text import Ocr2TextConfig, Ocr2TextModel
-from dlr_jax.models.transformer import _param as param
+from dlr_jax.models.transformer import new_param as param
 from dlr_jax.models.transformer import rms_norm, run_layers
 from dlr_jax.models.vision import VisionConfig
-from dlr_jax.sharding import constrain
 
 MODEL_TYPE = "deepseek_ocr2"
 SMALL_TABLE = 144  # rows of query_768_resolution; query_1024_resolution has 256 (= flow.num_queries)

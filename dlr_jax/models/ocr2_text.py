@@ -19,20 +19,20 @@ from flax import nnx
 from jaxtyping import Array, Bool, Float, Int
 
 from dlr_jax.config import ConfigError, ModelConfig
+from dlr_jax.core.sharding import constrain
 from dlr_jax.models.embedding import lookup_rows
 from dlr_jax.models.moe import MoeConfig, MoeLayers, moe_forward
 from dlr_jax.models.rope import apply_rope, rope_inv_freq
 from dlr_jax.models.transformer import (
     LAYER_PARAM_AXES,
-    _remat,
     attention,
     causal_mask,
     default_segments_positions,
     dense,
+    remat_fn,
     rms_norm,
 )
-from dlr_jax.models.transformer import _param as param
-from dlr_jax.sharding import constrain
+from dlr_jax.models.transformer import new_param as param
 
 ATTN_NAMES = ("attn_norm", "q_proj", "k_proj", "v_proj", "o_proj", "mlp_norm")
 DENSE_NAMES = ("gate_proj", "up_proj", "down_proj")
@@ -152,7 +152,7 @@ class Ocr2TextModel(nnx.Module):
                 y = constrain(y + out, ("batch", "length", "act_embed"))
                 return (y, acc + lb), None
 
-            (x, aux), _ = jax.lax.scan(_remat(body, b.remat), (x, aux), xs)
+            (x, aux), _ = jax.lax.scan(remat_fn(body, b.remat), (x, aux), xs)
         n_sparse = max(cfg.count("sparse"), 1)
         return rms_norm(x, self.final_norm[...], b.rms_norm_eps), aux / n_sparse
 

@@ -24,7 +24,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec
 from jaxtyping import Array, Float, Int
 
-from dlr_jax.sharding import active_rules, get_abstract_mesh, logical_to_spec
+from dlr_jax.core.sharding import active_rules, get_abstract_mesh, logical_to_spec
 
 BLOCK = 128  # the kernel's default block sizes; a sequence must be a whole number of blocks
 

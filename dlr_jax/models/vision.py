@@ -37,9 +37,9 @@ from flax import nnx
 from jaxtyping import Array, Float
 
 from dlr_jax.config import ConfigError
+from dlr_jax.core.sharding import constrain
 from dlr_jax.models.grid_attention import SCORES_BUDGET, grid_attention
-from dlr_jax.models.transformer import _remat
-from dlr_jax.sharding import constrain
+from dlr_jax.models.transformer import remat_fn
 
 PIXEL_MEAN = (0.5, 0.5, 0.5)  # DeepSeek-OCR-2 processor (IMAGENET_STANDARD_MEAN/STD in transformers)
 PIXEL_STD = (0.5, 0.5, 0.5)
@@ -268,7 +268,7 @@ def run_blocks(
     def win_body(y, p):
         return sam_block(cfg, p, y, cfg.window_size), None
 
-    win_body = _remat(win_body, cfg.remat)
+    win_body = remat_fn(win_body, cfg.remat)
     if n_g == 0:
         return jax.lax.scan(win_body, x, dict(windowed))[0]
     k = n_w // n_g
@@ -280,14 +280,14 @@ def run_blocks(
             y, _ = jax.lax.scan(win_body, y, wp)
         return sam_block(cfg, gp, y, 0), None
 
-    return jax.lax.scan(_remat(group_body, cfg.remat), x, (grouped, dict(global_)))[0]
+    return jax.lax.scan(remat_fn(group_body, cfg.remat), x, (grouped, dict(global_)))[0]
 
 
 # ----------------------------------------------------------------------------------------------
 # Parameters.
 
 
-def _param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal", scale: float = 0.02) -> nnx.Param:
+def new_param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal", scale: float = 0.02) -> nnx.Param:
     if init == "ones":
         value = jnp.ones(shape, dtype)
     elif init == "zeros":
@@ -342,7 +342,7 @@ class SamBlocks(nnx.Module):
             shapes |= {k: ((n, nh, hd), "zeros") for k in ("q_bias", "k_bias", "v_bias")}
         self.names = tuple(shapes)
         for name, (shape, init) in shapes.items():
-            setattr(self, name, _param(rngs, shape, BLOCK_PARAM_AXES[name], pd, init))
+            setattr(self, name, new_param(rngs, shape, BLOCK_PARAM_AXES[name], pd, init))
 
     def arrays(self) -> dict[str, jax.Array]:
         return {n: getattr(self, n)[...] for n in self.names}
@@ -357,19 +357,19 @@ class VisionTower(nnx.Module):
         p, c, d, n1 = cfg.patch_size, cfg.num_channels, cfg.hidden_size, cfg.neck_channels
         c1, c2 = cfg.compressor_channels
         conv_axes = ("conv_h", "conv_w", "conv_in", "conv_out")
-        self.patch_kernel = _param(rngs, (p, p, c, d), ("conv_h", "conv_w", "conv_in", "embed"), pd, "fan_in")
-        self.patch_bias = _param(rngs, (d,), ("norm",), pd, "zeros")
-        self.pos_embed = _param(rngs, (cfg.grid, cfg.grid, d), ("pos_h", "pos_w", "embed"), pd)
+        self.patch_kernel = new_param(rngs, (p, p, c, d), ("conv_h", "conv_w", "conv_in", "embed"), pd, "fan_in")
+        self.patch_bias = new_param(rngs, (d,), ("norm",), pd, "zeros")
+        self.pos_embed = new_param(rngs, (cfg.grid, cfg.grid, d), ("pos_h", "pos_w", "embed"), pd)
         self.windowed = SamBlocks(cfg, cfg.num_windowed, cfg.window_size, rngs=rngs)
         self.global_ = SamBlocks(cfg, cfg.num_global, cfg.grid, rngs=rngs)
-        self.neck_conv1 = _param(rngs, (1, 1, d, n1), ("conv_h", "conv_w", "embed", "conv_out"), pd, "fan_in")
-        self.neck_ln1_w = _param(rngs, (n1,), ("norm",), pd, "ones")
-        self.neck_ln1_b = _param(rngs, (n1,), ("norm",), pd, "zeros")
-        self.neck_conv2 = _param(rngs, (3, 3, n1, n1), conv_axes, pd, "fan_in")
-        self.neck_ln2_w = _param(rngs, (n1,), ("norm",), pd, "ones")
-        self.neck_ln2_b = _param(rngs, (n1,), ("norm",), pd, "zeros")
-        self.down1 = _param(rngs, (3, 3, n1, c1), conv_axes, pd, "fan_in")
-        self.down2 = _param(rngs, (3, 3, c1, c2), conv_axes, pd, "fan_in")
+        self.neck_conv1 = new_param(rngs, (1, 1, d, n1), ("conv_h", "conv_w", "embed", "conv_out"), pd, "fan_in")
+        self.neck_ln1_w = new_param(rngs, (n1,), ("norm",), pd, "ones")
+        self.neck_ln1_b = new_param(rngs, (n1,), ("norm",), pd, "zeros")
+        self.neck_conv2 = new_param(rngs, (3, 3, n1, n1), conv_axes, pd, "fan_in")
+        self.neck_ln2_w = new_param(rngs, (n1,), ("norm",), pd, "ones")
+        self.neck_ln2_b = new_param(rngs, (n1,), ("norm",), pd, "zeros")
+        self.down1 = new_param(rngs, (3, 3, n1, c1), conv_axes, pd, "fan_in")
+        self.down2 = new_param(rngs, (3, 3, c1, c2), conv_axes, pd, "fan_in")
 
     def features(self, images: Float[Array, "b H W c"]) -> Float[Array, "b h w d"]:
         """ViT output before the neck, [b, H/16, W/16, hidden_size]."""
@@ -401,7 +401,7 @@ class VisionTower(nnx.Module):
 # Loading PyTorch weights (transformers' DeepseekOcr2SamVisionEncoder names).
 
 
-def _set(var: nnx.Variable, value: np.ndarray, name: str) -> None:
+def set_value(var: nnx.Variable, value: np.ndarray, name: str) -> None:
     old = var.get_value()
     if tuple(old.shape) != tuple(value.shape):
         raise ValueError(f"{name}: checkpoint shape {value.shape} does not match parameter shape {old.shape}")
@@ -409,25 +409,25 @@ def _set(var: nnx.Variable, value: np.ndarray, name: str) -> None:
     var.set_value(jax.device_put(new, old.sharding) if hasattr(old, "sharding") else new)
 
 
-def _np(t: Any) -> np.ndarray:
+def to_numpy(t: Any) -> np.ndarray:
     return t.detach().cpu().float().numpy() if hasattr(t, "detach") else np.asarray(t, np.float32)
 
 
 def _block_arrays(cfg: VisionConfig, sd: Mapping[str, Any], pre: str) -> dict[str, np.ndarray]:
     nh, hd, d = cfg.num_heads, cfg.head_dim, cfg.hidden_size
-    qkv = _np(sd[pre + "attn.qkv.weight"]).reshape(3, nh, hd, d).transpose(0, 3, 1, 2)  # [3, d, nh, hd]
+    qkv = to_numpy(sd[pre + "attn.qkv.weight"]).reshape(3, nh, hd, d).transpose(0, 3, 1, 2)  # [3, d, nh, hd]
     out = {
-        "ln1_w": _np(sd[pre + "layer_norm1.weight"]), "ln1_b": _np(sd[pre + "layer_norm1.bias"]),
+        "ln1_w": to_numpy(sd[pre + "layer_norm1.weight"]), "ln1_b": to_numpy(sd[pre + "layer_norm1.bias"]),
         "q_proj": qkv[0], "k_proj": qkv[1], "v_proj": qkv[2],
-        "o_proj": _np(sd[pre + "attn.proj.weight"]).reshape(d, nh, hd).transpose(1, 2, 0),
-        "o_bias": _np(sd[pre + "attn.proj.bias"]),
-        "rel_pos_h": _np(sd[pre + "attn.rel_pos_h"]), "rel_pos_w": _np(sd[pre + "attn.rel_pos_w"]),
-        "ln2_w": _np(sd[pre + "layer_norm2.weight"]), "ln2_b": _np(sd[pre + "layer_norm2.bias"]),
-        "fc1": _np(sd[pre + "mlp.lin1.weight"]).T, "fc1_bias": _np(sd[pre + "mlp.lin1.bias"]),
-        "fc2": _np(sd[pre + "mlp.lin2.weight"]).T, "fc2_bias": _np(sd[pre + "mlp.lin2.bias"]),
+        "o_proj": to_numpy(sd[pre + "attn.proj.weight"]).reshape(d, nh, hd).transpose(1, 2, 0),
+        "o_bias": to_numpy(sd[pre + "attn.proj.bias"]),
+        "rel_pos_h": to_numpy(sd[pre + "attn.rel_pos_h"]), "rel_pos_w": to_numpy(sd[pre + "attn.rel_pos_w"]),
+        "ln2_w": to_numpy(sd[pre + "layer_norm2.weight"]), "ln2_b": to_numpy(sd[pre + "layer_norm2.bias"]),
+        "fc1": to_numpy(sd[pre + "mlp.lin1.weight"]).T, "fc1_bias": to_numpy(sd[pre + "mlp.lin1.bias"]),
+        "fc2": to_numpy(sd[pre + "mlp.lin2.weight"]).T, "fc2_bias": to_numpy(sd[pre + "mlp.lin2.bias"]),
     }
     if cfg.qkv_bias:
-        qb = _np(sd[pre + "attn.qkv.bias"]).reshape(3, nh, hd)
+        qb = to_numpy(sd[pre + "attn.qkv.bias"]).reshape(3, nh, hd)
         out |= {"q_bias": qb[0], "k_bias": qb[1], "v_bias": qb[2]}
     return out
 
@@ -440,20 +440,20 @@ def load_sam_state_dict(tower: VisionTower, sd: Mapping[str, Any], prefix: str =
     missing = [k for k in required if prefix + k not in sd]
     if missing:
         raise KeyError(f"state dict lacks {[prefix + k for k in missing]} (is prefix={prefix!r} right?)")
-    conv = lambda k: _np(sd[prefix + k]).transpose(2, 3, 1, 0)  # noqa: E731  OIHW -> HWIO
-    _set(tower.patch_kernel, conv("patch_embed.projection.weight"), "patch_embed")
-    _set(tower.patch_bias, _np(sd[prefix + "patch_embed.projection.bias"]), "patch_embed.bias")
-    _set(tower.pos_embed, _np(sd[prefix + "pos_embed"])[0], "pos_embed")
+    conv = lambda k: to_numpy(sd[prefix + k]).transpose(2, 3, 1, 0)  # noqa: E731  OIHW -> HWIO
+    set_value(tower.patch_kernel, conv("patch_embed.projection.weight"), "patch_embed")
+    set_value(tower.patch_bias, to_numpy(sd[prefix + "patch_embed.projection.bias"]), "patch_embed.bias")
+    set_value(tower.pos_embed, to_numpy(sd[prefix + "pos_embed"])[0], "pos_embed")
     per_layer = [_block_arrays(cfg, sd, f"{prefix}layers.{i}.") for i in range(cfg.num_layers)]
     glob = set(cfg.global_attn_indexes)
     for stack, idx in ((tower.windowed, [i for i in range(cfg.num_layers) if i not in glob]),
                        (tower.global_, sorted(glob))):
         for name in stack.names:
-            _set(getattr(stack, name), np.stack([per_layer[i][name] for i in idx]), f"layers.*.{name}")
-    _set(tower.neck_conv1, conv("neck.conv1.weight"), "neck.conv1")
-    _set(tower.neck_conv2, conv("neck.conv2.weight"), "neck.conv2")
+            set_value(getattr(stack, name), np.stack([per_layer[i][name] for i in idx]), f"layers.*.{name}")
+    set_value(tower.neck_conv1, conv("neck.conv1.weight"), "neck.conv1")
+    set_value(tower.neck_conv2, conv("neck.conv2.weight"), "neck.conv2")
     for i in (1, 2):
-        _set(getattr(tower, f"neck_ln{i}_w"), _np(sd[f"{prefix}neck.layer_norm{i}.weight"]), f"neck.ln{i}")
-        _set(getattr(tower, f"neck_ln{i}_b"), _np(sd[f"{prefix}neck.layer_norm{i}.bias"]), f"neck.ln{i}")
-    _set(tower.down1, conv("proj.conv1.weight"), "proj.conv1")
-    _set(tower.down2, conv("proj.conv2.weight"), "proj.conv2")
+        set_value(getattr(tower, f"neck_ln{i}_w"), to_numpy(sd[f"{prefix}neck.layer_norm{i}.weight"]), f"neck.ln{i}")
+        set_value(getattr(tower, f"neck_ln{i}_b"), to_numpy(sd[f"{prefix}neck.layer_norm{i}.bias"]), f"neck.ln{i}")
+    set_value(tower.down1, conv("proj.conv1.weight"), "proj.conv1")
+    set_value(tower.down2, conv("proj.conv2.weight"), "proj.conv2")

@@ -98,7 +98,7 @@ def token_stats(
     return TokenStats(back[0], back[1], back[2] if entropy else None)
 
 
-class _Precomputed:
+class Precomputed:
     """Stands in for a model whose "hidden states" are already its logits."""
 
     def logits_from_hidden(self, h: jax.Array) -> jax.Array:
@@ -113,4 +113,4 @@ def next_token_stats(model: Any, tokens: Int[Array, "b t"], forward: dict[str, A
         h = model.hidden_states(tokens, **forward)[:, :-1]
         return token_stats(model, h, tokens[:, 1:], **kwargs)
     logits = model(tokens, **forward)[:, :-1]
-    return token_stats(_Precomputed(), logits, tokens[:, 1:], **{**kwargs, "chunk": logits.shape[1]})
+    return token_stats(Precomputed(), logits, tokens[:, 1:], **{**kwargs, "chunk": logits.shape[1]})

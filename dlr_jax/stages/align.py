@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dlr_jax.config import Config
 from dlr_jax.stages.latent_common import new_latent_lm, train_latent_stage
-from dlr_jax.trainer import TrainResult
+from dlr_jax.training.trainer import TrainResult
 
 
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> TrainResult:

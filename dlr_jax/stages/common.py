@@ -1,7 +1,7 @@
 """What every stage shares: the workdir it writes, the tokenizer, its examples, the backbone, the LM loss.
 
-The layout of the workdir is `dlr_jax.workdir`'s; a finished stage hands its model on through
-`dlr_jax.handoff` (save_stage_model / load_stage_model), which evaluation and export read too.
+The layout of the workdir is `dlr_jax.run.workdir`'s; a finished stage hands its model on through
+`dlr_jax.run.handoff` (save_stage_model / load_stage_model), which evaluation and export read too.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ConfigError, ModelConfig, save_config
 from dlr_jax.config.model import RUN_MODEL_KEYS as RUN_MODEL_KEYS  # public here too
+from dlr_jax.core.files import write_text_atomic
+from dlr_jax.core.sharding import create_sharded, mesh_from_config
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
-from dlr_jax.files import write_text_atomic
-from dlr_jax.hf_config import ConversionError, model_config_from_hf
-from dlr_jax.sharding import create_sharded, mesh_from_config
-from dlr_jax.tokens import TOKENIZER_FILE, Tokenizer, train_bpe
-from dlr_jax.workdir import recordable, stage_dir
+from dlr_jax.models.hf_config import ConversionError, model_config_from_hf
+from dlr_jax.run.workdir import recordable, stage_dir
+from dlr_jax.text.tokens import TOKENIZER_FILE, Tokenizer, train_bpe
 
 
 def prepare_workdir(cfg: Config, workdir: str | Path, train: list[Example] | None = None) -> Path:

@@ -22,17 +22,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from dlr_jax.config import Config
+from dlr_jax.core.files import MissingStageError, write_text_atomic
+from dlr_jax.core.sharding import wait_for_all_processes
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
-from dlr_jax.files import MissingStageError, write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModel
 from dlr_jax.models.vq import code_usage
-from dlr_jax.sharding import wait_for_all_processes
+from dlr_jax.run.workdir import final_dir
 from dlr_jax.stages import common
-from dlr_jax.stages.codebook_models import check_render_view, encode_ids, load_codebook_model
-from dlr_jax.workdir import final_dir
+from dlr_jax.stages.codebook.models import check_render_view, encode_ids, load_codebook_model
 
 STAGE = "export"
 

@@ -11,14 +11,14 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from dlr_jax.config import Config
+from dlr_jax.core.files import MissingStageError
 from dlr_jax.data.latents import latents_path, random_latents, read_latents, step_result_latents
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
-from dlr_jax.files import MissingStageError
-from dlr_jax.handoff import restore_stage, save_stage_model
+from dlr_jax.run.handoff import restore_stage, save_stage_model
+from dlr_jax.run.workdir import final_dir, stage_dir
 from dlr_jax.stages import common
-from dlr_jax.tokens import Tokenizer
-from dlr_jax.workdir import final_dir, stage_dir
+from dlr_jax.text.tokens import Tokenizer
 
 
 def latents_for(cfg: Config, workdir: str | Path, split: str, examples: list[Example]) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
 
     from dlr_jax.data.pipeline import make_stage_dataset
     from dlr_jax.models.latent_lm import filter_for_stage
-    from dlr_jax.trainer import Trainer
+    from dlr_jax.training.trainer import Trainer
 
     train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir, train)

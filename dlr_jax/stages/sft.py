@@ -29,17 +29,17 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import Config, ConfigError
-from dlr_jax.files import MissingStageError, write_text_atomic
+from dlr_jax.core.files import MissingStageError, write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
-from dlr_jax.ocr_text import VOCAB
+from dlr_jax.run.checkpoint import read_meta, save_params
+from dlr_jax.run.workdir import final_dir, stage_dir
 from dlr_jax.stages import common
-from dlr_jax.stages.codebook_models import check_render_view, decoder_dir, load_codebook_model
+from dlr_jax.stages.codebook.models import check_render_view, decoder_dir, load_codebook_model
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
-from dlr_jax.trainer import TrainResult
-from dlr_jax.workdir import final_dir, stage_dir
+from dlr_jax.text.ocr_text import VOCAB
+from dlr_jax.training.trainer import TrainResult
 
 STAGE = "sft"
 

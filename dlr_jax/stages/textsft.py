@@ -16,13 +16,13 @@ import functools
 from pathlib import Path
 
 from dlr_jax.config import Config
+from dlr_jax.core.files import MissingStageError
 from dlr_jax.data.sources import load_examples
-from dlr_jax.files import MissingStageError
-from dlr_jax.handoff import restore_stage, save_stage_model
+from dlr_jax.run.handoff import restore_stage, save_stage_model
+from dlr_jax.run.workdir import final_dir, stage_dir
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import local_batch
-from dlr_jax.trainer import Trainer, TrainResult
-from dlr_jax.workdir import final_dir, stage_dir
+from dlr_jax.training.trainer import Trainer, TrainResult
 
 # mode -> the format of its training rows
 MODES = {"cot": "cot", "direct": "direct", "direct_from_cot": "direct"}

@@ -10,9 +10,9 @@ import pytest
 
 from dlr_jax.bench import cli, latent_cost
 from dlr_jax.config import load_config
+from dlr_jax.core.sharding import make_mesh
 from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import save_stage_model
-from dlr_jax.sharding import make_mesh
+from dlr_jax.run.handoff import save_stage_model
 from dlr_jax.stages import common
 from dlr_jax.stages.latent_common import new_latent_lm
 from tests import cli_micro

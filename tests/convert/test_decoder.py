@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 from dlr_jax import convert
 from dlr_jax.convert import ConversionError, load_hf, load_orbax, save_hf, save_orbax, tensors
 from dlr_jax.convert import cli as convert_cli
-from dlr_jax.sharding import make_mesh, max_bytes_on_one_device, sharded_fraction
+from dlr_jax.core.sharding import make_mesh, max_bytes_on_one_device, sharded_fraction
 from tests.hf_fixtures import FAMILIES, LLAMA3_ROPE, build_tiny_hf, hf_logits, random_ids, save_tiny_hf
 from tests.xla_env import xla_flags
 

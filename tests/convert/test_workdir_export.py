@@ -15,8 +15,8 @@ from dlr_jax import convert
 from dlr_jax.convert import cli as convert_cli
 from dlr_jax.convert.workdir_export import prepare_out_dir
 from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import load_stage_model, save_stage_model
-from dlr_jax.hf_config import ConversionError
+from dlr_jax.models.hf_config import ConversionError
+from dlr_jax.run.handoff import load_stage_model, save_stage_model
 from tests.hf_fixtures import hf_logits, random_ids, save_tiny_hf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,7 +103,7 @@ def sft_workdir(tmp_path_factory):
     """A workdir whose sft/final is a random latent LM, written in the stages' own formats
     (test_stages.py trains these; the export only reads them)."""
     from dlr_jax.config import load_config
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.core.sharding import make_mesh
     from dlr_jax.stages import common
     from dlr_jax.stages.latent_common import new_latent_lm
 
@@ -134,9 +134,9 @@ def sft_workdir(tmp_path_factory):
 def test_exported_latent_lm_generates_like_our_sampler(sft_workdir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from dlr_jax.core.sharding import make_mesh
     from dlr_jax.data.formats import prompt_ids
-    from dlr_jax.sampling import Sampler
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.generate.sampler import Sampler
 
     cfg, w, tok = sft_workdir
     out = tmp_path / "hf"

@@ -12,7 +12,7 @@ from dlr_jax.data.latents import LatentTable
 from dlr_jax.data.pipeline import make_items, ocr_fields
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import corpus_texts, load_examples
-from dlr_jax.ocr_text import VOCAB
+from dlr_jax.text.ocr_text import VOCAB
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = ["data.synthetic_train=30", "data.synthetic_eval=8"]

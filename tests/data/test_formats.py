@@ -3,7 +3,7 @@ import pytest
 
 from dlr_jax.data import formats
 from dlr_jax.data.synthetic import generate
-from dlr_jax.tokens import Tokenizer, train_bpe
+from dlr_jax.text.tokens import Tokenizer, train_bpe
 
 K = 50
 

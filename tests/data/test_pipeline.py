@@ -17,7 +17,7 @@ from dlr_jax.data.pipeline import (
     make_stage_dataset,
 )
 from dlr_jax.data.synthetic import generate
-from dlr_jax.tokens import Tokenizer, train_bpe
+from dlr_jax.text.tokens import Tokenizer, train_bpe
 
 K, MAX_LEN, B = 64, 96, 4
 

@@ -13,7 +13,7 @@ from dlr_jax.config import load_config
 from dlr_jax.data import render_corpus as rc
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.sources import corpus_texts
-from dlr_jax.stages.codebook import open_render_cache
+from dlr_jax.stages.codebook.stage import open_render_cache
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
 # 50 synthetic CoTs on canvases of 64..256 px, so the plan has several side buckets to interleave.
@@ -155,7 +155,7 @@ def test_no_cache_renders_on_the_fly_and_a_missing_one_names_the_command(tmp_pat
 def test_the_codebook_stage_builds_its_plan_on_the_cache(rendered, tmp_path, monkeypatch):
     """`codebook.run` with codebook.render_cache: its training batches come from the cache (stopped at
     the first batch stream, before anything is compiled for training)."""
-    from dlr_jax.stages import codebook
+    from dlr_jax.stages.codebook import stage as codebook
     from tests.micro import codebook_nets
 
     out, _, texts = rendered

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from dlr_jax import render
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.synthetic import synthetic_splits
-from dlr_jax.ocr_text import VOCAB, normalize_text
+from dlr_jax.text import render
+from dlr_jax.text.ocr_text import VOCAB, normalize_text
 
 CFG = render.RenderConfig(max_side=192)
 B = 4

@@ -26,7 +26,7 @@ from dlr_jax.models.causal_flow import (
     load_hf_vision_state_dict,
 )
 from dlr_jax.models.vision import TINY_VISION, normalize_images
-from dlr_jax.render import render_cot
+from dlr_jax.text.render import render_cot
 from tests.models.test_vision import hf_sam_config, numpy_build, randomize_
 
 TOL = 1e-4

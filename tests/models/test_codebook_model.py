@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dlr_jax import render
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.models.codebook_model import (
     CodebookModelConfig,
@@ -16,7 +15,8 @@ from dlr_jax.models.codebook_model import (
     greedy_decode,
     teacher_inputs,
 )
-from dlr_jax.ocr_text import VOCAB, encode_target, normalize_text
+from dlr_jax.text import render
+from dlr_jax.text.ocr_text import VOCAB, encode_target, normalize_text
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_normalize_text_matches_the_renderer():
     norm = normalize_text(text)
     assert norm == "a b c\n\n<<1+2=3>> <<3*4=12>>"
     # the renderer's own paragraphs / words, before wrapping
-    assert "\n".join(" ".join(words) for words in render._paragraphs(text)) == norm
+    assert "\n".join(" ".join(words) for words in render.split_paragraphs(text)) == norm
 
 
 def test_encode_target_cuts_and_counts():

@@ -11,8 +11,8 @@ from dlr_jax.config import ModelConfig, load_config
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model, teacher_inputs
 from dlr_jax.models.dual_branch import DualBranchLM, OCRBranch, branch_from_codebook_model, exact_prefix_init
 from dlr_jax.models.latent_lm import LatentConfig, build_latent_lm
-from dlr_jax.ocr_text import encode_target
-from dlr_jax.stages.codebook_models import LatentDecoder
+from dlr_jax.stages.codebook.models import LatentDecoder
+from dlr_jax.text.ocr_text import encode_target
 from tests.micro import codebook_nets
 
 K, DC = 16, 16

@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from dlr_jax import sharding as sh
 from dlr_jax.config import ModelConfig
+from dlr_jax.core import sharding as sh
 from dlr_jax.models.embedding import lookup_rows, vocab_parallel
 from dlr_jax.models.transformer import Transformer
 

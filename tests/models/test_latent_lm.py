@@ -19,6 +19,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from dlr_jax.config import ModelConfig
+from dlr_jax.core.sharding import create_sharded, make_mesh, sharded_fraction, use_mesh
+from dlr_jax.generate.sampler import Sampler
 from dlr_jax.models.latent_lm import (
     MASKED_LOGIT,
     LatentConfig,
@@ -28,9 +30,7 @@ from dlr_jax.models.latent_lm import (
     grow_vocab,
 )
 from dlr_jax.models.transformer import Transformer
-from dlr_jax.sampling import Sampler
-from dlr_jax.sharding import create_sharded, make_mesh, sharded_fraction, use_mesh
-from dlr_jax.tokens import train_bpe
+from dlr_jax.text.tokens import train_bpe
 
 K, DC, T = 16, 8, 12
 TEXTS = [f"{a} + {b} = {a + b}. so the answer is {a + b}" for a in range(40) for b in range(0, 40, 7)]

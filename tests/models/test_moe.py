@@ -14,6 +14,7 @@ import torch
 from jax.sharding import NamedSharding
 
 from dlr_jax.config import ConfigError
+from dlr_jax.core.sharding import logical_to_spec, make_mesh, use_mesh
 from dlr_jax.models.moe import (
     MOE_PARAM_AXES,
     MoeConfig,
@@ -24,7 +25,6 @@ from dlr_jax.models.moe import (
     route,
     routed_experts,
 )
-from dlr_jax.sharding import logical_to_spec, make_mesh, use_mesh
 
 TOL = 1e-4
 D, F, E, K = 32, 16, 8, 2

@@ -89,7 +89,7 @@ def test_export_loads_in_transformers_with_equal_logits(pair, tmp_path):
 def test_import_onto_8_devices_shards_experts_and_matches_one_device(pair):
     import jax
 
-    from dlr_jax.sharding import make_mesh, use_mesh
+    from dlr_jax.core.sharding import make_mesh, use_mesh
 
     if jax.device_count() < 8:
         pytest.skip("needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax import sharding as sh
 from dlr_jax.config import ModelConfig
+from dlr_jax.core import sharding as sh
 from dlr_jax.models.transformer import Transformer, attention, causal_mask
 
 T = 128  # one kernel block
@@ -83,7 +83,7 @@ def test_sharded_model_forward_equals_the_xla_attention():
 def test_kernel_compiles_for_a_tpu_slice_with_no_tpu_attached():
     """What the planner does for `--device tpu-v5p`: the Mosaic kernel lowers and compiles for 8 v5p
     chips from this CPU host (libtpu: the `tpu` extra), forward and backward, under a (1, 8, 1) mesh."""
-    from dlr_jax.plan_targets import TARGETS, TargetUnavailable, target_mesh
+    from dlr_jax.plan.targets import TARGETS, TargetUnavailable, target_mesh
 
     try:
         mesh = target_mesh(TARGETS["tpu-v5p"], {"data": 1, "fsdp": 8, "tensor": 1})

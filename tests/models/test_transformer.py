@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax import sharding as sh
 from dlr_jax.config import ModelConfig
+from dlr_jax.core import sharding as sh
 from dlr_jax.models.transformer import Transformer, segment_positions
 
 CFG = ModelConfig(
@@ -168,7 +168,7 @@ def test_cached_decode_step_neither_transposes_nor_copies_the_cache():
     slice taken out, updated and written back) made XLA:CPU copy and transpose every layer's cache on
     every token: a quarter of the decode loop's op time. (Reading the slice out of the stacked cache is
     still a dynamic-slice fusion, i.e. a copy; the sampler's loop avoids that with per-layer buffers:
-    tests/test_sampling.py::test_decode_loop_reads_layer_weights_without_copying_them.)"""
+    tests/generate/test_sampler.py::test_decode_loop_reads_layer_weights_without_copying_them.)"""
     cfg = dataclasses.replace(CFG, num_heads=4, num_kv_heads=2, head_dim=16)
     model = Transformer(cfg, rngs=nnx.Rngs(0))
     g, st = nnx.split(model)

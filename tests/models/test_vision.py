@@ -18,6 +18,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec
 
 from dlr_jax.config import ConfigError
+from dlr_jax.core.sharding import make_mesh, state_shardings
 from dlr_jax.models.vision import (
     TINY_VISION,
     VisionConfig,
@@ -29,7 +30,6 @@ from dlr_jax.models.vision import (
     run_blocks,
     sam_block,
 )
-from dlr_jax.sharding import make_mesh, state_shardings
 
 TOL = 1e-4
 

@@ -84,9 +84,9 @@ def test_chunk_len_fits_the_budget():
 def test_a_hit_is_the_largest_finite_target_logit():
     """`correct` (token accuracy): the target's logit is the largest (ties count, where argmax picks the first);
     a masked (-inf) target is never a hit, not even on a row whose every logit is masked."""
-    from dlr_jax.models.vocab_chunks import _Precomputed
+    from dlr_jax.models.vocab_chunks import Precomputed
 
     logits = jnp.asarray([[[1.0, 3.0, 3.0, 0.0], [2.0, 1.0, 0.0, 0.0], [-jnp.inf] * 4, [0.0, 5.0, 1.0, 2.0]]])
     targets = jnp.asarray([[2, 0, 1, 3]])  # a tie at the max; the max; an all-masked row; not the max
-    got = token_stats(_Precomputed(), logits, targets)
+    got = token_stats(Precomputed(), logits, targets)
     np.testing.assert_array_equal(got.correct, [[1.0, 1.0, 0.0, 0.0]])

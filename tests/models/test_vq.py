@@ -168,7 +168,7 @@ def _need_8_devices():
 
 def test_quantize_with_codebook_sharded_on_8_devices():
     _need_8_devices()
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.core.sharding import make_mesh
 
     mesh = make_mesh(data=1, fsdp=1, tensor=8)
     h, cb = _data(9, lead=(4, 9), k=64)
@@ -204,7 +204,7 @@ def test_vector_quantizer_module_and_sharding_metadata():
 
 def test_vector_quantizer_is_born_sharded_over_codes():
     _need_8_devices()
-    from dlr_jax.sharding import create_sharded, make_mesh
+    from dlr_jax.core.sharding import create_sharded, make_mesh
 
     mesh = make_mesh(data=1, fsdp=1, tensor=8)
     sharded = create_sharded(lambda: VectorQuantizer(64, 16, rngs=nnx.Rngs(0)), mesh)

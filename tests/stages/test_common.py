@@ -97,7 +97,7 @@ def test_a_checkpoint_keeps_the_yamls_compute_and_parameter_dtypes(tmp_path, fam
     import jax
     from flax import nnx
 
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.core.sharding import make_mesh
 
     ckpt = tmp_path / family
     save_tiny_checkpoint(family, ckpt, fill_vocab=True)

@@ -7,18 +7,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dlr_jax import render
-from dlr_jax.checkpoint import save_params
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, read_latents
 from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
-from dlr_jax.process_reward import LatentDecoder as LatentDecoderProtocol
+from dlr_jax.rewards.process import LatentDecoder as LatentDecoderProtocol
+from dlr_jax.run.checkpoint import save_params
+from dlr_jax.run.workdir import final_dir
 from dlr_jax.stages import export
-from dlr_jax.stages.codebook_models import load_decoder
-from dlr_jax.workdir import final_dir
+from dlr_jax.stages.codebook.models import load_decoder
+from dlr_jax.text import render
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]

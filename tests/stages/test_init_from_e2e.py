@@ -27,8 +27,10 @@ import numpy as np
 import pytest
 
 from dlr_jax.config import load_config
-from dlr_jax.handoff import load_stage_model
-from dlr_jax.stages import align, codebook, common, export, rl, sft, textsft
+from dlr_jax.run.handoff import load_stage_model
+from dlr_jax.stages import align, common, export, sft, textsft
+from dlr_jax.stages.codebook import stage as codebook
+from dlr_jax.stages.rl import stage as rl
 from tests.hf_fixtures import save_tiny_checkpoint
 from tests.micro import codebook_nets
 
@@ -110,7 +112,7 @@ def test_paper_recipe_runs_every_stage_from_a_checkpoint(family, checkpoints, sh
     align.run(cfg, w)
     sft.run(cfg, w)
     rl_result = rl.run(cfg, w)
-    from dlr_jax.evaluate import evaluate
+    from dlr_jax.eval.evaluate import evaluate
 
     results = evaluate(w, "rl", progress=False)
 

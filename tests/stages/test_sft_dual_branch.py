@@ -16,21 +16,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax.checkpoint import read_meta, save_params
 from dlr_jax.config import ConfigError, apply_overrides, load_config
+from dlr_jax.core.sharding import make_mesh
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
 from dlr_jax.data.sources import load_examples
-from dlr_jax.handoff import latent_rows_config, load_stage_model, save_stage_model
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
 from dlr_jax.models.latent_lm import build_latent_lm, filter_for_stage
-from dlr_jax.ocr_text import VOCAB, encode_target
-from dlr_jax.sharding import make_mesh
+from dlr_jax.run.checkpoint import read_meta, save_params
+from dlr_jax.run.handoff import latent_rows_config, load_stage_model, save_stage_model
+from dlr_jax.run.workdir import final_dir
 from dlr_jax.stages import common, latent_common, sft
-from dlr_jax.stages.codebook_models import decoder_dir, load_decoder, load_latent_decoder
-from dlr_jax.workdir import final_dir
+from dlr_jax.stages.codebook.models import decoder_dir, load_decoder, load_latent_decoder
+from dlr_jax.text.ocr_text import VOCAB, encode_target
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -332,8 +332,8 @@ def test_branch_clips_the_ocr_gradients_apart_from_the_lm(setup, trained, monkey
     cfg, w, *_ = setup
     seen = {}
 
-    from dlr_jax import trainer as trainer_mod
-    from dlr_jax.optimizer import key_name
+    from dlr_jax.training import trainer as trainer_mod
+    from dlr_jax.training.optimizer import key_name
 
     class Recording(trainer_mod.Trainer):
         def __init__(self, model, loss, tcfg, workdir, **kw):
@@ -358,7 +358,6 @@ def test_branch_marker_is_written_by_process_zero_only(tmp_path, monkeypatch):
     """Every process checks sft/dual_branch.json on resume while process 0 writes it: the other
     processes must not rewrite it (a truncated marker read as JSON failed a 2-process run)."""
     from dlr_jax.stages import sft
-
     monkeypatch.setattr(sft.jax, "process_index", lambda: 1)
     sft._check_branch_flip(tmp_path, True)
     assert not (tmp_path / "sft" / "dual_branch.json").exists()

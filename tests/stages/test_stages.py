@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax.checkpoint import read_meta
 from dlr_jax.config import load_config
-from dlr_jax.handoff import load_stage_model
+from dlr_jax.run.checkpoint import read_meta
+from dlr_jax.run.handoff import load_stage_model
 from dlr_jax.stages import align, sft, textsft
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def run_dir(tmp_path_factory):
 
 
 def _one():
-    from dlr_jax.sharding import make_mesh
+    from dlr_jax.core.sharding import make_mesh
 
     return make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
@@ -90,14 +90,12 @@ def test_train_cli_help_and_bad_override(tmp_path):
     assert bad.returncode == 2 and "unknown key" in bad.stderr
     # no --config and nothing recorded (CONFIG - on a mistyped workdir): refused, not the built-in defaults
     from dlr_jax import train
-
     assert train.main(["--stage", "align", "--workdir", str(tmp_path / "typo")]) == 2
     assert not (tmp_path / "typo").exists()
 
 
 def test_a_missing_earlier_stage_is_one_error_line_naming_the_command(tmp_path, capsys):
     from dlr_jax import train
-
     w = tmp_path / "w"
     code = train.main(["--config", str(ROOT / "configs" / "tiny.yaml"), "--stage", "align", "--workdir", str(w),
                        "--set", "data.synthetic_train=64", "--set", "data.synthetic_eval=8"])

@@ -1,0 +1,199 @@
+"""The codebook stage's networks as the later stages use them: loading them from a workdir, texts
+to latent ids (`encode_ids`) and latent ids back to text (`LatentDecoder`).
+
+Shared by stages codebook (held-out report), export (every example's ids), sft (the dual branch
+starts from the codebook's decoder and writes its own) and rl (the process reward's decoder), so
+none of those stage files imports another.
+
+`LatentDecoder(model).decode(codes)` turns code sequences back into text with the OCR decoder:
+codebook rows -> prefix projection -> jitted greedy decoding (`codebook_model.greedy_decode`).
+Sequences of any length share batches (prefixes left-padded and masked); batch rows, prefix
+lengths and length caps are rounded up to a few buckets, so RL's varying latent counts compile a
+handful of programs, not one per length. It implements `dlr_jax.rewards.process.LatentDecoder` (the
+RL process reward) and serves interpretability (latent trajectory -> text).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from dlr_jax.config import Config
+from dlr_jax.core.sharding import host_value, host_values
+from dlr_jax.data import render_pipeline as rp
+from dlr_jax.models.codebook_model import CodebookModel, CodebookModelConfig, greedy_decode, jit_encode
+from dlr_jax.models.dual_branch import OCRBranch
+from dlr_jax.run.checkpoint import read_meta, restore_params
+from dlr_jax.run.workdir import final_dir, stage_dir
+from dlr_jax.text.ocr_text import VOCAB
+
+CODEBOOK, SFT = "codebook", "sft"  # the stages whose outputs these loaders read
+
+
+# ----------------------------------------------------------------------------------------------
+# Texts to latent ids and back.
+
+
+class LatentDecoder:
+    """`decode(codes: list[list[int]]) -> list[str]`: greedy OCR reconstruction of code sequences.
+
+    model: a `CodebookModel` (its codebook and decoder are used). batch_size: rows per decode call.
+    max_len: default length cap in characters incl. <eos> (default: the model's max_text_len).
+    An empty code list decodes to "".
+    """
+
+    def __init__(self, model: CodebookModel, *, batch_size: int = 64, max_len: int | None = None):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.batch_size = model, batch_size
+        self.max_len = int(max_len or model.cfg.max_text_len)
+        self._split = nnx.split(model)
+        self._codebook = host_value(model.vq.codebook[...])
+
+    @property
+    def num_codes(self) -> int:
+        return self._codebook.shape[0]
+
+    def decode(self, codes: Sequence[Sequence[int]], limits: Sequence[int] | None = None) -> list[str]:
+        """One string per code sequence; `limits[i]` caps sequence i's length (chars incl. <eos>)."""
+        feats = []
+        for i, z in enumerate(codes):
+            z = np.asarray(z, np.int64).reshape(-1)
+            if z.size and (z.min() < 0 or z.max() >= self.num_codes):
+                bad = z[(z < 0) | (z >= self.num_codes)][:5].tolist()
+                raise ValueError(f"decode: sequence {i} has codes {bad} outside [0, {self.num_codes})")
+            feats.append(self._codebook[z])
+        return self.decode_features(feats, limits)
+
+    def decode_features(self, feats: Sequence[np.ndarray], limits: Sequence[int] | None = None) -> list[str]:
+        """Like `decode`, from prefix features [n_i, d_c] (codebook rows or continuous H)."""
+        limits = [self.max_len] * len(feats) if limits is None else [int(x) for x in limits]
+        if len(limits) != len(feats):
+            raise ValueError(f"decode: {len(limits)} limits for {len(feats)} sequences")
+        out = [""] * len(feats)
+        # Rows of any prefix length share a call: sorted by length, left-padded to a power of two
+        # (>= 4); rows padded to a power of two (<= batch_size); caps rounded up to 32 chars.
+        order = sorted((i for i, f in enumerate(feats) if len(f)), key=lambda i: len(feats[i]))
+        d = self._codebook.shape[1]
+        for s in range(0, len(order), self.batch_size):
+            rows = order[s : s + self.batch_size]
+            b = min(self.batch_size, _pow2(len(rows)))
+            p = max(4, _pow2(max(len(feats[i]) for i in rows)))
+            x = np.zeros((b, p, d), np.float32)
+            n = np.ones(b, np.int32)
+            lim = np.zeros(b, np.int32)
+            for r, i in enumerate(rows):
+                f = np.asarray(feats[i], np.float32).reshape(-1, d)
+                x[r, p - len(f):], n[r], lim[r] = f, len(f), limits[i]
+            cap = int(min(2 * self.max_len, -(-max(int(lim.max()), 1) // 32) * 32))
+            tokens = greedy_decode(self._split, jnp.asarray(x), lim, cap, n_valid=n)
+            for r, i in enumerate(rows):
+                out[i] = VOCAB.decode(tokens[r])
+        return out
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_workers: int = 0
+               ) -> tuple[list[list[int]], list[np.ndarray], float | None]:
+    """Deterministic (mean font) rendering -> nearest code ids per text, features per text, and the
+    encoder + VQ rate in images/s (render time and each side's first, compiling batch excluded; None
+    when every side had one batch). Short batches are padded to full size so each side compiles once."""
+    rcfg = rp.render_config(cb)
+    batches, fonts = rp.fixed_batches(texts, cb.eval_batch_size, rcfg)
+    ids: list[list[int]] = [[] for _ in texts]
+    feats: list[np.ndarray] = [np.zeros(0)] * len(texts)
+    graphdef, state = nnx.split(model)
+    busy, seen, sides = 0.0, 0, set()
+    for batch in rp.make_fixed_dataset(texts, batches, fonts, rcfg, num_workers=num_workers):
+        imgs, idx = batch["images"], batch["index"]
+        n = len(idx)
+        if n < cb.eval_batch_size:
+            imgs = np.concatenate([imgs, np.repeat(imgs[:1], cb.eval_batch_size - n, 0)])
+        t0 = time.perf_counter()
+        h, z = host_values(*jit_encode(graphdef, state, jnp.asarray(imgs)))  # multi-process: gathered
+        if imgs.shape[1] in sides:  # a side's first batch compiles: not part of the rate
+            busy, seen = busy + time.perf_counter() - t0, seen + n
+        sides.add(imgs.shape[1])
+        h, z = h[:n], z[:n]
+        for r, i in enumerate(idx):
+            ids[i], feats[i] = z[r].tolist(), h[r]
+    return ids, feats, (seen / busy if busy > 0 else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading from a workdir.
+
+
+def decoder_dir(workdir: str | Path) -> Path:
+    """Where sft writes its dual-branch OCR decoder."""
+    return stage_dir(workdir, SFT) / "decoder"
+
+
+def load_codebook_model(workdir: str | Path, mesh: Mesh | None = None) -> CodebookModel:
+    """The finished stage's model from <workdir>/codebook/final (an `Ocr2CodebookModel` when the
+    stage started from a DeepSeek-OCR-2 checkpoint)."""
+    d = final_dir(workdir, CODEBOOK)
+    meta = read_meta(d)["model"]
+    if meta.get("kind") == "ocr2":
+        from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig, Ocr2CodebookModel
+
+        ocfg = Ocr2CodebookConfig.from_dict(meta)
+        return restore_params(lambda: Ocr2CodebookModel(ocfg, rngs=nnx.Rngs(0)), d, mesh)
+    mcfg = CodebookModelConfig.from_dict(meta)
+    return restore_params(lambda: CodebookModel(mcfg, rngs=nnx.Rngs(0)), d, mesh)
+
+
+def check_render_view(cfg: Config, workdir: str | Path) -> None:
+    """Raises when <workdir>/codebook/final was trained on another `codebook.render_view` than `cfg`
+    names: its ids and decoder would read images and texts it never saw (a linked or reused stage is
+    skipped by the runner, so nothing else would notice). Codebooks saved before the view existed are `cot`."""
+    meta = read_meta(final_dir(workdir, CODEBOOK))
+    trained = (meta.get("codebook") or {}).get("render_view", "cot")
+    if trained != cfg.codebook.render_view:
+        raise ValueError(f"{final_dir(workdir, CODEBOOK)} was trained with codebook.render_view={trained}, but this "
+                         f"run's config says {cfg.codebook.render_view}: retrain the codebook stage or set "
+                         f"codebook.render_view={trained}")
+
+
+def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = None) -> LatentDecoder | None:
+    """The frozen OCR decoder as a `process_reward.LatentDecoder`, or None before this stage ran."""
+    if not (final_dir(workdir, CODEBOOK) / "meta.json").is_file():
+        return None
+    check_render_view(cfg, workdir)
+    if read_meta(final_dir(workdir, CODEBOOK))["model"].get("kind") == "ocr2":
+        # LatentDecoder greedy-decodes the character decoder; an OCR-2 decoder has no cached decoding yet
+        print(f"[codebook] {final_dir(workdir, CODEBOOK)} is a DeepSeek-OCR-2 codebook: no latent decoder for "
+              "the process reward yet", flush=True)
+        return None
+    return load_decoder(workdir, mesh=mesh, batch_size=cfg.codebook.eval_batch_size)
+
+
+def load_ocr_decoder(workdir: str | Path, mesh: Mesh | None = None) -> OCRBranch | None:
+    """Stage sft's dual-branch decoder (with frozen code rows) from <workdir>/sft/decoder, or None."""
+    d = decoder_dir(workdir)
+    if not (d / "meta.json").is_file():
+        return None
+    meta = read_meta(d)
+    if meta.get("kind") != "ocr_decoder":
+        raise ValueError(f"{d / 'meta.json'}: kind is {meta.get('kind')!r}, expected 'ocr_decoder'")
+    dcfg = CodebookModelConfig.from_dict(meta["model"])
+    k, f = int(meta["num_codes"]), int(meta["feature_dim"])
+    return restore_params(lambda: OCRBranch(dcfg, f, rngs=nnx.Rngs(0), code_rows=jnp.zeros((k, f))), d, mesh)
+
+
+def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: int = 64) -> LatentDecoder:
+    """The OCR decoder: stage sft's dual-branch decoder (<workdir>/sft/decoder, trained on the sft
+    model's latent rows, which it carries) when sft wrote one, else the codebook stage's
+    (<workdir>/codebook/final)."""
+    model = load_ocr_decoder(workdir, mesh)
+    return LatentDecoder(model if model is not None else load_codebook_model(workdir, mesh), batch_size=batch_size)

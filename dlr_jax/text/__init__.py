@@ -1,0 +1,1 @@
+"""Text: the tokenizer wrapper and boundary tokens, answers, CoT rendering, OCR text targets."""

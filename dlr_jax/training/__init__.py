@@ -1,0 +1,1 @@
+"""Training: the one Trainer and the optimizer."""

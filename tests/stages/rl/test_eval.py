@@ -1,0 +1,115 @@
+"""The RL stage's held-out reward curve: fixed rows in fixed-size chunks, means over real rows only,
+and the stage writing the curve (step 0, every eval_every steps) reproducibly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from dlr_jax.config import apply_overrides
+from dlr_jax.stages import common
+from dlr_jax.stages.rl import stage as rl
+from dlr_jax.stages.rl.eval import eval_rows, held_out_evaluator, held_out_reward
+from tests.stages.rl.test_stage import workdir  # noqa: F401  (the micro RL workdir fixture)
+
+
+def test_eval_rows_repeat_and_pad_to_the_chunk():
+    chunks = eval_rows([[1], [2], [3]], ["a", "b", "c"], samples=3, chunk=4)
+    assert [real for _, _, real in chunks] == [4, 4, 1]
+    assert [rows for rows, _, _ in chunks][0] == [[1], [1], [1], [2]]
+    assert chunks[2][0] == [[3]] * 4 and chunks[2][1] == ["c"] * 4  # padded with its own first row
+    assert all(len(rows) == 4 for rows, _, _ in chunks)  # one compiled rollout shape
+    with pytest.raises(ValueError, match="samples"):
+        eval_rows([[1]], ["a"], samples=0, chunk=4)
+
+
+def test_held_out_reward_averages_real_rows_only():
+    chunks = eval_rows([[1], [2], [3]], ["a", "b", "c"], samples=1, chunk=2)  # last chunk: 1 real, 1 pad
+
+    def score(rows, exs, i):
+        r = np.array([float(row[0]) for row in rows])
+        return r, {"answer": r / 10, "format": np.ones(len(rows))}
+
+    m = held_out_reward(score, chunks)
+    assert m["eval/reward"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3; the pad row (3 again) is dropped
+    assert m["eval/accuracy"] == m["eval/reward/answer"] == pytest.approx(0.2)
+    assert m["eval/reward/format"] == 1.0 and m["eval/rollouts"] == 3
+
+
+def test_stage_writes_a_reproducible_held_out_curve(workdir, tmp_path):  # noqa: F811
+    cfg, w = workdir
+    cfg = apply_overrides(cfg, ["rl.process_weight=0", "rl.eval_prompts=3", "rl.eval_samples=3",
+                                "rl.eval_every=2"])
+    curves = []
+    for run in ("a", "b"):
+        wd = tmp_path / run
+        wd.mkdir()
+        for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+            src = w / part
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, wd / part)
+        res = rl.run(cfg, wd, num_steps=3)
+        lines = [json.loads(x) for x in (wd / "rl" / "metrics.jsonl").read_text().splitlines()]
+        ev = [m for m in lines if "eval/reward" in m]
+        assert [m["step"] for m in ev] == [0, 2, 3]  # before step 1, every 2 steps, and the last
+        assert [m["step"] for m in res.evals] == [0, 2, 3] and [m["step"] for m in res.history] == [1, 2, 3]
+        for m in ev:
+            assert m["eval/rollouts"] == 9
+            assert m["eval/reward"] == pytest.approx(m["eval/reward/answer"] + 0.1 * m["eval/reward/format"])
+        curves.append([m["eval/reward"] for m in ev])
+    assert curves[0] == curves[1]  # fixed prompts and random numbers: the same policy scores the same
+
+
+def test_a_stop_on_an_evaluation_step_evaluates_it_when_the_run_resumes(workdir, tmp_path, monkeypatch):  # noqa: F811
+    """A stop saves at once, before its step's evaluation; the resumed run used to start at the next step and
+    never evaluate that one (a review found the curve missing its point). The state now says it is pending."""
+    cfg, w = workdir
+    cfg = apply_overrides(cfg, ["rl.process_weight=0", "rl.eval_prompts=3", "rl.eval_samples=3", "rl.eval_every=2",
+                                "train.rl.checkpoint_every=100"])
+    for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+        src = w / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
+    calls = []
+    monkeypatch.setattr(rl.preemption, "should_stop", lambda *a, **k: calls.append(1) or len(calls) == 2)
+    first = rl.run(cfg, tmp_path, num_steps=3)
+    assert first.preempted and first.step == 2 and [m["step"] for m in first.evals] == [0]
+    monkeypatch.setattr(rl.preemption, "should_stop", lambda *a, **k: False)
+    second = rl.run(cfg, tmp_path, num_steps=3)
+    assert [m["step"] for m in second.evals] == [2, 3] and [m["step"] for m in second.history] == [3]
+    lines = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "eval/reward" in m] == [0, 2, 3]
+    assert [m["step"] for m in lines if "reward" in m] == [1, 2, 3]
+
+
+def test_prompt_pool_and_evaluating_on_it(workdir, tmp_path):  # noqa: F811
+    """rl.prompt_pool limits RL to the first training problems (epochs over them); rl.eval_split=pool
+    evaluates on those same prompts."""
+    cfg, w = workdir
+    cfg = apply_overrides(cfg, ["rl.process_weight=0", "rl.prompt_pool=4", "rl.eval_split=pool",
+                                "rl.eval_prompts=10", "rl.eval_samples=2", "rl.eval_every=5"])
+    for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+        src = w / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
+    res = rl.run(cfg, tmp_path, num_steps=3)
+    state = json.loads((tmp_path / "rl" / "checkpoints" / "3" / "data" / "metadata").read_text())
+    n = state["n"]  # the pool's prompts that fit data.max_len - rl.max_new_tokens
+    assert 2 <= n <= 4 and state["epoch"] * n + state["pos"] == 3 * 2  # 3 steps x 2 prompts: epochs over the pool
+    ev = res.evals
+    assert [m["step"] for m in ev] == [0, 3] and all(m["eval/rollouts"] == 2 * n for m in ev)
+    tok = common.get_tokenizer(cfg, tmp_path, [])
+    with pytest.raises(ValueError, match="no 'test' prompt fits in 0 tokens"):
+        held_out_evaluator(apply_overrides(cfg, ["rl.eval_split=test"]), tok, 0, 8, None)
+
+
+def test_reward_curve_reads_eval_rows(tmp_path):
+    from dlr_jax.stages.rl.eval import reward_curve
+
+    p = tmp_path / "metrics.jsonl"
+    rows = [{"step": 0, "eval/reward": 0.1, "eval/accuracy": 0.05}, {"step": 1, "reward": 0.3},
+            {"step": 2, "eval/reward": 0.2, "eval/accuracy": 0.1},
+            {"step": 2, "eval/reward": 0.25, "eval/accuracy": 0.2}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert reward_curve(p) == [(0, 0.1, 0.05), (2, 0.25, 0.2)]
+    assert reward_curve(tmp_path / "missing.jsonl") == []
