@@ -40,10 +40,12 @@ peers:
 	test -x $(PEERS)/tunix/bin/python || $(PY) -m venv $(PEERS)/tunix
 	$(PEERS)/tunix/bin/python -m pip install -q google-tunix transformers
 
-# ruff, then the import contracts of pyproject.toml's [tool.importlinter] (the layers README "Architecture" draws).
+# ruff, the import contracts of pyproject.toml's [tool.importlinter] (CONTRIBUTING.md "Layers"), then the house
+# rules no linter checks (tests/test_house.py).
 lint: $(STAMP)
 	$(BIN)/ruff check dlr_jax tests
 	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q tests/test_house.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .import_linter_cache

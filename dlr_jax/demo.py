@@ -159,16 +159,15 @@ def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
 
 
 # Real latents by default: the codebook's ids of each rendered CoT (configs/tiny.yaml's own default is
-# random ids, which the unit tests use: no codebook stage to run first). Shorter than tiny.yaml, so the demo
-# fits 15 minutes on the 2-core Intel Xeon of 2026-11-27/28, whose speed drifts by up to 1.36x within a day: from a
-# fresh clone 12 min 17 s (2026-11-28 15:32 UTC); the previous 200-step / 20-step schedules took 13 min 23 s at its
-# faster hour and 16 min 0 s at a slow one. Measured there (BENCHMARKS.md "make demo"):
-# - the codebook's main phase: 150 steps after the 300-step warm-up, not 800 (held-out CER with the true ids
-#   0.45 against 0.66 shuffled; 0.51 / 0.69 at 200 steps, 0.40 / 0.70 at 800). The warm-up cannot shrink: at 150
-#   steps, or 200 at twice the learning rate, the ids carry nothing (CER true = shuffled);
+# random ids, which the unit tests use: no codebook stage to run first). Shorter than tiny.yaml, so that the demo
+# fits 15 minutes on a 2-core CPU from a fresh clone, with room for a slow hour of a shared machine (timed in
+# BENCHMARKS.md, section "`make demo` pipeline"), without losing what it shows:
+# - the codebook's main phase: 150 steps after the 300-step warm-up, not 800: the true ids already read back
+#   clearly better than shuffled ones (held-out CER). The warm-up cannot shrink: shorter, or at twice the learning
+#   rate, the ids carry nothing (CER true = shuffled);
 # - GRPO: 10 steps, not 40 (two evaluations of its pool reward, at steps 0 and 10).
-# The compared methods' own budgets (Direct 300, CoT 800, DLR 800 + 100 align + 400 SFT) are tiny.yaml's: with 300
-# SFT steps DLR-SFT's lead over Direct-SFT fell from 9 questions of 500 to 3.
+# The compared methods' own budgets (Direct 300, CoT 800, DLR 800 + 100 align + 400 SFT) are tiny.yaml's: with
+# fewer SFT steps DLR-SFT's lead over Direct-SFT shrank.
 DEMO_OVERRIDES = ["latent.source=codebook", "codebook.train.num_steps=150", "codebook.alpha_steps=75",
                   "codebook.dead_code_every=75", "train.rl.num_steps=10"]
 

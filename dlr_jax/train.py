@@ -24,10 +24,12 @@ from pathlib import Path
 
 from dlr_jax.config import Config, ConfigError, dump_config, load_config
 from dlr_jax.core import preemption
+from dlr_jax.core.exit_codes import NO_SPACE, REFUSED, no_space_error, no_space_message
 from dlr_jax.core.files import MissingStageError
 from dlr_jax.data.records import DataFormatError
 from dlr_jax.models.hf_config import ConversionError
-from dlr_jax.run.preflight import check_counts
+from dlr_jax.run.checkpoint import CheckpointUnreadable, settle_background_writes
+from dlr_jax.run.preflight import check_counts, check_lengths, check_rates
 from dlr_jax.run.workdir import RunRefused, WorkdirLocked, open_run
 
 STAGES = ("codebook", "export", "textsft", "align", "sft", "rl", "all")
@@ -176,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cfg = resolve_config(args.config, args.workdir, args.overrides)
         check_counts(cfg, args.steps)  # before anything is written (preflight.py)
+        check_rates(cfg)
+        check_lengths(cfg)
     except ConfigError as e:
         if args.print_config or not _multi_process():
             print(f"error: {e}", file=sys.stderr)
-            return 2
+            return REFUSED
         problem = str(e)  # a multi-process run refuses on every process together (below)
     except Exception as e:  # an unreadable config file: the others must not wait for this process either
         if args.print_config or not _multi_process():
@@ -216,16 +220,25 @@ def main(argv: list[str] | None = None) -> int:
             if problem is None:
                 print(f"error: process(es) {', '.join(map(str, refused))} of this run refused it (their logs say "
                       "why); stopping here too", file=sys.stderr)
-            return 2
+            return REFUSED
         enable_compile_cache()  # GPU/TPU: a rerun or the next stage reuses compiled steps (compile_cache.py)
         try:  # one writer per workdir; config changes refused before anything is written (workdir.py)
             with open_run(cfg, args.workdir, lock=_process_index() == 0, vote=all_processes_ok):
                 run_stage(args.stage, cfg, args.workdir, mode=args.mode, steps=args.steps)
         # one line says it all (file:line, keys; a missing input names the command that makes it; an unreadable
         # or misshapen checkpoint tensor names the file)
-        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, MissingStageError, ConversionError) as e:
+        except (WorkdirLocked, RunRefused, ConfigError, DataFormatError, MissingStageError, ConversionError,
+                CheckpointUnreadable) as e:
             print(f"error: {e}", file=sys.stderr)
-            return preemption.exit_code() or 2  # a stop asked meanwhile keeps its code: the scheduler requeues
+            return preemption.exit_code() or REFUSED  # a stop asked meanwhile keeps its code: the scheduler requeues
+        except Exception as e:
+            # a full disk or a spent quota, wherever it was written (checkpoint, metrics, export, render cache): one
+            # line, and a code that says resuming after freeing space is safe (exit_codes.py)
+            if no_space_error(e) is None:
+                raise
+            settle_background_writes()
+            print(f"error: {no_space_message(e, args.workdir)}", file=sys.stderr, flush=True)
+            return NO_SPACE
     code = preemption.exit_code()
     if code:
         print(f"[dlr_jax] stopped by a signal after saving; exit code {code}. Rerun the same command to "

@@ -16,8 +16,9 @@ flags=(
   --xla_gpu_all_gather_combine_threshold_bytes=134217728
   --xla_gpu_reduce_scatter_combine_threshold_bytes=134217728
   --xla_gpu_all_reduce_combine_threshold_bytes=134217728
-  # Quick checks of a new config only: no GEMM autotuning compiles the first step ~8x faster and runs every
-  # step ~2.4x slower (H100, BENCHMARKS.md "The first step's compile"). Reruns load XLA's compilation cache.
+  # Quick checks of a new config only: without GEMM autotuning the first step compiles much faster but every
+  # step runs slower (BENCHMARKS.md, section "GRPO step on a GPU", "The first step's compile"). Reruns load XLA's
+  # compilation cache.
   # --xla_gpu_autotune_level=0
 )
 # Leave ~8 % of HBM to cuDNN / NCCL workspaces outside XLA's preallocated pool.

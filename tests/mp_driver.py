@@ -4,7 +4,8 @@ interpreter start and one `jax.distributed.initialize` per rank instead of one p
 
     python -m tests.mp_driver WORKDIR STAGE[,STAGE...] [k=v ...]   (config overrides)
 
-STAGE: a `dlr_jax.train` stage, or `evaluate` (the rl stage's model; benchmark synthetic); `STAGE@N`
+STAGE: a `dlr_jax.train` stage, or `evaluate` (the rl stage's model; benchmark synthetic, or BENCH with
+`evaluate:BENCH`, read from $DLR_DATA_DIR); `STAGE@N`
 reruns a finished stage to N steps (`train.STAGE.num_steps=N`): it restores the checkpoint every
 process saved and trains on from there."""
 
@@ -25,8 +26,9 @@ if __name__ == "__main__":
     as_flags = lambda kvs: [a for kv in kvs for a in ("--set", kv)]  # noqa: E731
     carried: list[str] = []  # a `stage@n` step count, in force for the stages after it (as the workdir records it)
     for stage in stages:
-        if stage == "evaluate":
-            evaluate.main(["--workdir", workdir, "--stage", "rl", "--benchmarks", "synthetic", "--no-progress",
+        if stage.partition(":")[0] == "evaluate":
+            bench = stage.partition(":")[2] or "synthetic"
+            evaluate.main(["--workdir", workdir, "--stage", "rl", "--benchmarks", bench, "--no-progress",
                            *as_flags(s for s in sets if s.startswith("eval."))])
         else:
             stage, _, more = stage.partition("@")

@@ -14,3 +14,11 @@ def distinct_share(inputs: RewardInputs) -> np.ndarray:
     ids, mask = np.asarray(inputs.completion_ids), np.asarray(inputs.completion_mask) > 0
     return np.asarray([len(set(r[m].tolist())) / max(int(m.sum()), 1) for r, m in zip(ids, mask, strict=True)],
                       np.float32)
+
+
+@register_reward("distinct_share_even_golds")
+def distinct_share_even_golds(inputs: RewardInputs) -> np.ndarray:
+    """`distinct_share` for problems with an even gold answer, 0 for the others: groups with and without a
+    spread in one batch, so that dynamic sampling (rl.dynamic_sampling) drops some and refills."""
+    even = np.asarray([int(g) % 2 == 0 for g in inputs.golds])
+    return np.where(even, distinct_share(inputs), 0.0).astype(np.float32)

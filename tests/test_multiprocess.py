@@ -3,12 +3,12 @@ with 8 devices: the same global batches (batch_hash), losses (also after every p
 checkpoint they all saved), codebook, exported latent ids, RL rewards and evaluation outputs.
 
 Cost: the full chain textsft -> codebook -> export -> align -> sft -> rl -> evaluate as two processes takes
-~4 min on this 2-core machine, too slow for the suite; the test starts from a prepared workdir (tokenizer,
+minutes on a 2-core machine, too slow for the suite; the test starts from a prepared workdir (tokenizer,
 an untrained textsft_cot and align/final) and runs codebook (micro networks, a dead-code refresh, the
 held-out report) -> export -> sft with the dual branch -> rl -> evaluate: the stages that put rngs,
 scalars and masks on the mesh and fetch sharded results to the host, the sampler included. textsft and
 align (the Trainer alone, as sft) were checked by hand the same way, also from a tiny HF Llama whose
-tokenizer fills every embedding row (`init_from`; 2026-11-28: every stage ran, numbers equal to ~3e-7)."""
+tokenizer fills every embedding row (`init_from`: every stage ran, numbers equal to ~3e-7)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ SETS = [
     "train.sft.progress=false", "rl.num_prompts=2", "rl.group_size=4", "rl.max_new_tokens=16", "rl.max_latents=4",
     "rl.inner_epochs=1", "rl.prompt_pool=0", "rl.eval_prompts=0", "train.rl.batch_size=8", "train.rl.num_steps=1",
     "train.rl.learning_rate=1e-3", "train.rl.progress=false",
-    # a reward that varies inside a group: all-zero advantages would make the update rounding noise
-    "rl.extra_rewards=[distinct_share=1.0]", "rl.reward_modules=[tests.mp_rewards]",
+    # a reward that varies inside the groups of even-gold problems: all-zero advantages would make the update
+    # rounding noise; dynamic sampling drops the other groups and refills from the prompt stream
+    "rl.extra_rewards=[distinct_share_even_golds=1.0]", "rl.reward_modules=[tests.mp_rewards]",
+    "rl.dynamic_sampling=true", "rl.dynamic_sampling_max_refills=3",
     "eval.limit=8", "eval.batch_size=8", "eval.max_new_tokens=16", "eval.max_latents=4",
     # the codebook stage at micro size: 2 steps with a dead-code refresh between them (it encodes probe batches as
     # the k-means init does, so that one is left out here), the held-out report
@@ -145,12 +147,16 @@ def test_two_processes_match_one_process(prepared, tmp_path):
     rl1, rl2 = _lines(one / "rl" / "metrics.jsonl"), _lines(two / "rl" / "metrics.jsonl")
     assert len(rl1) == len(rl2) == 1
     for a, b in zip(rl1, rl2, strict=True):
-        for k in ("reward", "reward_std", "reward/answer", "reward/format", "reward/distinct_share", "accuracy",
-                  "n_latents", "completion_length"):
-            assert a[k] == b[k], (k, a[k], b[k])  # the same rollouts
+        for k in ("reward", "reward_std", "reward/answer", "reward/format", "reward/distinct_share_even_golds",
+                  "accuracy", "n_latents", "completion_length", "dynamic/refills", "dynamic/rollouts",
+                  "dynamic/groups_dropped", "dynamic/groups_topped_up"):
+            assert a[k] == b[k], (k, a[k], b[k])  # the same rollouts, the same groups dropped and refilled
         assert a["reward_std"] > 0  # non-trivial advantages, so the next comparisons mean something
         np.testing.assert_allclose([a["entropy"], a["grad_norm"], a["kl"]], [b["entropy"], b["grad_norm"], b["kl"]],
                                    rtol=1e-4, atol=1e-7)
+    assert rl1[0]["dynamic/groups_dropped"] > 0 and rl1[0]["dynamic/refills"] > 0  # the refill ran
+    saved = [json.loads((w / "rl" / "checkpoints" / "1" / "data" / "metadata").read_text()) for w in (one, two)]
+    assert saved[1] == {"per_process": [saved[0]] * 2}  # every process's prompt stream went as far as one process's
     r1 = json.loads((one / "rl" / "eval" / "results.json").read_text())["benchmarks"]["synthetic"]
     r2 = json.loads((two / "rl" / "eval" / "results.json").read_text())["benchmarks"]["synthetic"]
     assert r1["n"] == r2["n"] == 8

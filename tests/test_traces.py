@@ -100,7 +100,7 @@ def test_sampler_prefill_and_decode_trace_once(traced_sampler):
                                 temperature=1.0, rng=3)
 
 
-@pytest.mark.slow  # one compile of the micro encoder + VQ + decoder step at 64 px (33 s CPU time)
+@pytest.mark.slow  # one compile of the micro encoder + VQ + decoder step at 64 px
 def test_codebook_step_traces_once(tmp_path):
     from pathlib import Path
 

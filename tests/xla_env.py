@@ -1,11 +1,11 @@
 """XLA flags of the test session, shared by the test processes and the processes they start.
 
 Test programs are tiny, so compiling them costs more than running them, and two flags cut the compile:
-- LLVM at -O0 (`xla_backend_optimization_level=0`): the CPU time of a test file by 25-35 %
-  (tests/training/test_trainer.py: 90 -> 59 s).
+- LLVM at -O0 (`xla_backend_optimization_level=0`): LLVM's optimisation passes are a large share of a test
+  file's CPU time and buy nothing on programs this small.
 - XLA:CPU's older elemental fusion emitters instead of its MLIR ones (`xla_cpu_use_fusion_emitters=false`):
-  the codebook stage's train step, ~400 fusions at micro size, compiled in 1.9 s instead of 4.3 s, and the
-  stage took 21 s instead of 30 s (2026-11-28).
+  the MLIR emitters compile a program of many small fusions (the codebook stage's train step, ~400 fusions
+  at micro size) far more slowly. README's "Testing notes" has the timings.
 Results may differ from the default build in the last bits (a reduction's order, an `exp`'s code), far
 inside the tests' tolerances; the suite passes either way. A setting already in $XLA_FLAGS wins, so
 `XLA_FLAGS="--xla_backend_optimization_level=3 --xla_cpu_use_fusion_emitters=true" pytest` (XLA's

@@ -307,9 +307,9 @@ def bench_train(case: TrainCase, *, repeats: int = 5, threads: int | None = None
             fwd_s: dict[str, list[float]] = {s: [] for s in sides}
             for r in range(repeats):  # interleaved so load spikes hit all sides alike
                 for s in sides if r % 2 == 0 else sides[::-1]:
-                    # An untimed step first: a process's first step after another process ran is slow
-                    # (measured: ours 5.8-6.6 s against 4.4-5.3 s for the step after it, for any pause
-                    # between them); a training loop runs its steps back to back.
+                    # An untimed step first: a process's first step after another process ran is slower
+                    # than the step after it, however long the pause between them; a training loop runs its
+                    # steps back to back.
                     losses[s].append(workers[s].call("step", TRAIN)["loss"])
                     out = workers[s].call("step", TRAIN)
                     step_s[s].append(out["seconds"])

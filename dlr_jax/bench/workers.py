@@ -1,9 +1,9 @@
 """A benchmark side in its own process, driven by `peer_protocol` lines (`grpo_peers`, `train`).
 
 Why processes: two frameworks in one process share its allocator and thread pools, and leave each
-other slower than either is alone. Measured on the `train` benchmark's medium case (2 cores): our
-step took 4.1-4.4 s alone and 5.3-6.0 s once PyTorch's steps had run in the same process, even with
-a 1 s pause between them, while PyTorch's went from 2.9-3.4 s to 3.4-4.5 s. A user runs one of them.
+other slower than either is alone. On the `train` benchmark's medium case both sides' steps slowed
+once the other's steps had run in the same process, even with a pause between them, and a user runs
+only one of them.
 """
 
 from __future__ import annotations

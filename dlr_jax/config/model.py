@@ -45,8 +45,8 @@ class ModelConfig:
     # auto | scan | loop: how a training / scoring forward runs the stacked layers. scan = one
     # `lax.scan` (compile time flat in depth); loop = the layers one after another in the program.
     # auto = loop when compiling for CPU with <= 8 layers (XLA:CPU zero-fills the scan's stacked
-    # residual buffers every step; the loop is 1.11-1.19x on an SFT gradient: models/transformer.py),
-    # scan elsewhere.
+    # residual buffers every step, which the loop avoids: models/transformer.py; BENCHMARKS.md, section
+    # "SFT train step"), scan elsewhere (the scan keeps compile time flat in depth).
     scan_layers: str = "auto"
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -97,9 +97,9 @@ class SamplingConfig:
     prompt_bucket: int = 64  # prompt lengths are padded up to a multiple of this
     # The decode loop's layer layout (`dlr_jax.generate.sampler.Sampler(unstack_layers=)`), for RL rollouts and
     # evaluation: auto = each layer's weights sliced once per call on CPU (XLA:CPU copies a scanned layer's
-    # slices every token), the layer scan on GPU and TPU; on / off force either. On an H100 "on" made a
-    # 33.6M-parameter model's greedy calls 1.5x faster (a GRPO step's rollouts 1.17x, the step 2 %) but compiled
-    # 3.6x longer and holds a second copy of the weights while generating (BENCHMARKS "Greedy sampling on a GPU").
+    # slices every token), the layer scan on GPU and TPU; on / off force either. On a GPU "on" decodes faster but
+    # compiles every layer on its own and holds a second copy of the weights while generating, so the scan stays
+    # the default there (BENCHMARKS.md, section "Greedy sampling on a GPU").
     # YAML's bare on/off are accepted.
     unstack_layers: str | bool = "auto"
 

@@ -19,6 +19,7 @@ class RunConfig:
 
 SYNTHETIC_COT_STYLES = ("equations", "natural")  # data/synthetic.py natural_chain; its SyntheticConfig checks these
 GSM8K_COTS = ("equations", "raw", "natural")  # data/gsm8k.py CotStyle
+ALIGN_PARTS = ("sft", "all")  # data.align_part (dlr_jax/stages/common.py stage_examples)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +58,16 @@ class DataConfig:
     num_workers: int = 0  # grain worker processes (0 = in-process)
     pack: bool = False
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.
-    # rl_split: part of train_split held out for stage rl; SFT-side stages (textsft, align, sft) read the
-    # rest. A count (>= 1) or a fraction (< 1); 0 = every stage reads the whole split. Chosen by a hash of
-    # (split_seed, example id), so it does not depend on file order, process count or the run seed.
+    # rl_split: part of train_split held out for stage rl; SFT-side stages (textsft, sft; align unless
+    # align_part=all) read the rest. A count (>= 1) or a fraction (< 1); 0 = every stage reads the whole
+    # split. Chosen by a hash of (split_seed, example id), so it does not depend on file order, process count
+    # or the run seed.
     rl_split: float = 0.0
     split_seed: int = 0
+    # what stage align reads: "sft" = the SFT part (what textsft and sft read), "all" = the whole split, the RL
+    # part too (the paper: "allocating all 385K for latent-text alignment, 300K for SFT, and the remaining 85K
+    # for RL"). The two are the same when rl_split = 0. Recorded in data_protocol.json when not "sft".
+    align_part: str = "sft"
     # examples whose CoT is longer than this many tokens (the workdir's tokenizer) are left out of every
     # stage, counted; 0 = no filter
     max_cot_tokens: int = 0
@@ -70,6 +76,8 @@ class DataConfig:
         if self.synthetic_cot_style not in SYNTHETIC_COT_STYLES:
             raise ConfigError(f"data.synthetic_cot_style must be {'|'.join(SYNTHETIC_COT_STYLES)}, "
                               f"got {self.synthetic_cot_style!r}")
+        if self.align_part not in ALIGN_PARTS:
+            raise ConfigError(f"data.align_part must be {'|'.join(ALIGN_PARTS)}, got {self.align_part!r}")
         if self.gsm8k_cot not in GSM8K_COTS:
             raise ConfigError(f"data.gsm8k_cot must be {'|'.join(GSM8K_COTS)}, got {self.gsm8k_cot!r}")
         if self.synthetic_cot_style != "equations" and self.dataset != "synthetic":

@@ -55,7 +55,7 @@ class LatentConfig:
     # random: fixed pseudo-random ids per example (pipeline checks before a codebook exists);
     # step_results: one code per CoT step <<a+b=c>> holding c, a perfect-codebook control (data/latents.py).
     source: str = "codebook"
-    # Stage sft's dual branch (DESIGN §3, dlr_jax/stages/sft.py): the codebook stage's OCR decoder keeps
+    # Stage sft's dual branch (stages/sft.py, models/dual_branch.py): the codebook stage's OCR decoder keeps
     # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process
     # reward then decodes with it). auto: on iff <workdir>/codebook/final exists and source=codebook;
     # on: required (an error names what is missing); off. Needs data.pack=false. YAML's bare on/off
@@ -123,6 +123,36 @@ class RLConfig:
     beta: float = 1e-3  # k3 KL to the reference (SFT) policy; 0 skips the reference model
     inner_epochs: int = 4  # mu
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | dr_grpo
+    # What the field added to GRPO since (dlr_jax/stages/rl/grpo.py); each default is the paper's plain GRPO.
+    # importance_sampling_level: token (the paper: one clipped ratio per token) | sequence (GSPO, Zheng et al.
+    # 2025: one length-normalised ratio exp(mean_t log(pi / pi_old)) per rollout, clipped; GSPO pairs it with
+    # loss_agg_mode=seq-mean-token-mean and epsilon=3e-4, epsilon_high=4e-4, beta=0)
+    importance_sampling_level: str = "token"
+    # Rollouts come from the sampling copy (rl.sample_dtype, e.g. bf16) while the update computes the trainer's
+    # log-probs: their per-token gap is logged every step (logprob_gap/mean, /max, /kl: the k3 estimate of
+    # KL(sampler || trainer)). sampler_is_correction: off (the paper) | truncated: the surrogate of each token
+    # is weighted by min(pi_old / pi_sampler, sampler_is_cap) (truncated importance sampling, TRL's
+    # vllm_importance_sampling_mode=token_truncate; its default cap 3.0). With an old-policy pass
+    # (rl.inner_epochs x rollouts > one minibatch) pi_old is the sampling copy's own scoring, so the weight
+    # then only covers the decode loop's numerics: the copy/trainer gap is in the PPO ratio itself.
+    sampler_is_correction: str = "off"
+    sampler_is_cap: float = 3.0
+    # Rollouts that hit rl.max_new_tokens without a stop token: keep (the paper: trained on like the others)
+    # | mask (DAPO's overlong filtering: no loss on them; TRL's mask_truncated_completions) | soft_penalty
+    # (DAPO's soft overlong punishment: a reward of 0 up to max_new_tokens - overlong_buffer tokens, falling
+    # linearly to -1 at max_new_tokens; logged as reward/overlong). overlong_buffer: DAPO's L_cache (4096
+    # of 20480 tokens there); 0 = a fifth of rl.max_new_tokens, DAPO's proportion
+    overlong: str = "keep"
+    overlong_buffer: int = 0
+    # DAPO's dynamic sampling (off in the paper): groups whose rewards all agree to within
+    # dynamic_sampling_tol (max - min; rewards are float sums, equal when printed but not to the bit) have zero
+    # advantages and are dropped; the batch is refilled with the groups of further prompts from the prompt
+    # stream, at most dynamic_sampling_max_refills extra rollout calls of rl.num_prompts prompts per step (the
+    # batch keeps its shape: no recompiles). Surplus groups are discarded (as DAPO's); a batch still short
+    # after the last refill is topped up with dropped groups (plain GRPO's batch). Logged: dynamic/*.
+    dynamic_sampling: bool = False
+    dynamic_sampling_tol: float = 1e-6
+    dynamic_sampling_max_refills: int = 4
     # Rollouts decode from a sampling copy of the policy (dlr_jax/generate/sampling_copy.py), refreshed on device
     # after every RL step. sample_mesh: its layout — "auto" = tensor-parallel over one process's devices
     # as far as heads / MLP / vocabulary divide, data-parallel over the rest; "" = the training mesh
@@ -149,9 +179,29 @@ class RLConfig:
     eval_samples: int = 4
     eval_split: str = ""  # "" = data.eval_split; "pool" = the RL training prompts (rl.prompt_pool); a split
     eval_every: int = 10
+    # pass@k (unbiased, from the eval_samples rollouts of each prompt) and maj@k (majority vote of k) of the
+    # held-out evaluation, for each k here (1 <= k <= eval_samples); () = 1 and eval_samples
+    eval_k: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "sample_dtype", check_dtype(self.sample_dtype, "rl.sample_dtype", ("auto", "keep")))
+        for key, allowed in (("importance_sampling_level", IS_LEVELS), ("sampler_is_correction", IS_CORRECTIONS),
+                             ("overlong", OVERLONG_MODES)):
+            if getattr(self, key) not in allowed:
+                raise ConfigError(f"rl.{key} must be one of {'|'.join(allowed)}, got {getattr(self, key)!r}")
+        if self.sampler_is_cap <= 0:
+            raise ConfigError(f"rl.sampler_is_cap must be > 0, got {self.sampler_is_cap}")
+        if self.overlong_buffer < 0 or self.overlong_buffer > self.max_new_tokens:
+            raise ConfigError(f"rl.overlong_buffer={self.overlong_buffer} must be in 0..rl.max_new_tokens="
+                              f"{self.max_new_tokens}")
+        if self.dynamic_sampling_tol < 0 or self.dynamic_sampling_max_refills < 0:
+            raise ConfigError("rl.dynamic_sampling_tol and rl.dynamic_sampling_max_refills must be >= 0, got "
+                              f"{self.dynamic_sampling_tol} and {self.dynamic_sampling_max_refills}")
+
+
+IS_LEVELS = ("token", "sequence")  # rl.importance_sampling_level (dlr_jax.stages.rl.grpo.IS_LEVELS)
+IS_CORRECTIONS = ("off", "truncated")  # rl.sampler_is_correction
+OVERLONG_MODES = ("keep", "mask", "soft_penalty")  # rl.overlong
 
 
 RENDER_VIEWS = ("cot", "results", "result_lines")  # codebook.render_view (dlr_jax/data/cot_view.py)
@@ -159,14 +209,16 @@ RENDER_VIEWS = ("cot", "results", "result_lines")  # codebook.render_view (dlr_j
 
 @dataclasses.dataclass(frozen=True)
 class CodebookConfig:
-    """Stage codebook (dlr_jax/stages/codebook/stage.py, DESIGN §1): CoT image -> SAM ViT + compressor + causal
+    """Stage codebook (dlr_jax/stages/codebook/stage.py): CoT image -> SAM ViT + compressor + causal
     flow -> stochastic VQ -> OCR decoder, then stage export writes every example's latent ids.
     K = latent.num_latents and d_c = latent.latent_dim (the flow width). Defaults are the paper's
-    (DeepEncoder V2 sizes, lambda_vq = 0.25, beta = 0.1, alpha over one epoch); configs/tiny.yaml
-    shrinks the networks for a CPU."""
+    (DeepEncoder V2 sizes, lambda_vq = 0.25, beta = 0.1, alpha over one epoch) except sigma, which the
+    paper does not give; configs/tiny.yaml shrinks the networks for a CPU."""
 
     # Training CoTs as "name:split" load_benchmark entries (e.g. "gsm8k_aug:train_subset_3000",
-    # "gsm8k:train"); () = data.dataset's train split. eval_corpus: held-out CoTs for the CER check;
+    # "gsm8k:train"), or "name:split@N": a stratified sample of N of them drawn with data.split_seed (the
+    # paper's "mathx_5m:train@603000"; dlr_jax/data/sources.py); () = data.dataset's train split. What was
+    # read is recorded in <workdir>/codebook/corpus.json. eval_corpus: held-out CoTs for the CER check;
     # () = data.dataset's eval split. eval_examples caps it (0 = all).
     corpus: tuple[str, ...] = ()
     eval_corpus: tuple[str, ...] = ()
@@ -215,7 +267,9 @@ class CodebookConfig:
     param_dtype: str = "float32"
     remat: str = "none"  # none | full | dots
     # VQ and loss: CE(H_st) + alpha * CE(H) + lambda_vq * (vq + beta * commit)
-    sigma: float = 0.1  # std of the Gaussian noise added to h before the nearest-code search (training)
+    # std of the Gaussian noise added to h before the nearest-code search (training). The paper adds the noise
+    # but gives no value: 0.1 is ours
+    sigma: float = 0.1
     lambda_vq: float = 0.25
     beta: float = 0.1
     alpha_steps: int = -1  # alpha: 1 -> 0 linearly over this many steps, then CE(H) is not computed;

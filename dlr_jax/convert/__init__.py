@@ -1,4 +1,4 @@
-"""HF interop: checkpoints in and out, as declarative name tables (DESIGN.md "HF interop").
+"""HF interop: checkpoints in and out, as declarative name tables (CONTRIBUTING.md, "HF interop").
 
     python -m dlr_jax.convert --from-hf HF_DIR --out ORBAX_DIR [--mesh data=1,fsdp=8,tensor=1]
     python -m dlr_jax.convert --to-hf --from-orbax ORBAX_DIR --out HF_DIR [--force]
@@ -12,7 +12,7 @@
 - `cli`: the command line.
 
 The names below are the public conversion API (`dlr_jax.convert.load_hf(hf_dir) -> (config, model)`
-is part of DESIGN.md's contract).
+is public API, exported by `dlr_jax/__init__.py`: keep its name and meaning).
 """
 
 from dlr_jax.convert.decoder import hf_config_dict, load_hf, load_orbax, save_hf, save_orbax

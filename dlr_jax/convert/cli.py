@@ -3,6 +3,7 @@
     python -m dlr_jax.convert --from-hf HF_DIR --out ORBAX_DIR [--mesh data=1,fsdp=8,tensor=1]
     python -m dlr_jax.convert --to-hf --from-orbax ORBAX_DIR --out HF_DIR [--force]
     python -m dlr_jax.convert --to-hf --from-workdir W --stage sft|rl --out HF_DIR   (workdir_export.py)
+    python -m dlr_jax.convert --from-gguf FILE.gguf --out HF_DIR [--dtype bfloat16]  (gguf.py: an HF folder)
 
 A deepseek_ocr2 directory goes through convert/ocr2.py, everything else through convert/decoder.py.
 """
@@ -18,9 +19,11 @@ import jax
 
 from dlr_jax.convert import ocr2 as o2
 from dlr_jax.convert.decoder import load_hf, load_orbax, save_hf, save_orbax
-from dlr_jax.convert.workdir_export import export_stage, prepare_out_dir
+from dlr_jax.convert.gguf import convert_gguf
+from dlr_jax.convert.workdir_export import check_out_apart, export_stage, prepare_out_dir
 from dlr_jax.core.sharding import make_mesh, parse_mesh_spec
 from dlr_jax.models.hf_config import ConversionError, supported_model_types
+from dlr_jax.run.checkpoint import CheckpointUnreadable
 
 # Tokenizer files a conversion carries over beside the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -45,6 +48,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--from-hf", type=Path, metavar="DIR",
                     help="HF model dir (config.json + safetensors) to import")
+    ap.add_argument("--from-gguf", type=Path, metavar="FILE",
+                    help="a llama.cpp GGUF file (llama, qwen2, qwen3) to write as an HF folder (config.json, "
+                    "safetensors, tokenizer) that init_from reads; quantized tensors are dequantized (to --dtype, "
+                    "default float32) and config.json records from what")
     ap.add_argument("--to-hf", action="store_true", help="export --from-orbax DIR as HF safetensors")
     ap.add_argument("--from-orbax", type=Path, metavar="DIR",
                     help="directory written by --from-hf (with --to-hf)")
@@ -61,6 +68,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--force", action="store_true",
                     help="overwrite an existing Orbax checkpoint, or (--to-hf) replace a non-empty --out")
     args = ap.parse_args(argv)
+    if args.from_gguf is not None:
+        if args.to_hf or any(x is not None for x in (args.from_hf, args.from_orbax, args.from_workdir)):
+            ap.error("--from-gguf FILE --out DIR stands alone (no --to-hf, --from-hf, --from-orbax, --from-workdir)")
+        try:
+            check_out_apart(args.out, args.from_gguf)
+            out = convert_gguf(args.from_gguf, args.out, dtype=args.dtype or "float32", force=args.force, log=print)
+        except ConversionError as e:
+            raise SystemExit(f"error: {e}") from None
+        print(f"wrote {out} (Hugging Face folder; init_from={out} reads it)")
+        return
     sources = (args.from_orbax is not None) + (args.from_workdir is not None)
     if args.to_hf == (args.from_hf is not None) or (args.to_hf and sources != 1):
         ap.error("use exactly one of: --from-hf DIR   or   --to-hf --from-orbax DIR   or   --to-hf --from-workdir W")
@@ -69,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as e:  # a malformed spec, or more devices than this machine has
         ap.error(f"--mesh {args.mesh}: {e}")
     try:
+        # every --from-* source: --force must never clear what the conversion reads
+        check_out_apart(args.out, *(v for k, v in vars(args).items() if k.startswith("from_") and v is not None))
         source = args.from_hf if args.from_hf is not None else args.from_orbax  # None with --from-workdir
         if source is not None and o2.is_ocr2_dir(source):
             if args.from_hf is not None:
@@ -94,6 +113,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             prepare_out_dir(args.out, force=args.force)
             out = save_hf(model, cfg, args.out, dtype=args.dtype)
             _copy_tokenizer(args.from_orbax, out)
-    except ConversionError as e:
+    except (ConversionError, CheckpointUnreadable) as e:
         raise SystemExit(f"error: {e}") from None
     print(f"wrote {out} ({cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size})")

@@ -43,6 +43,7 @@ from dlr_jax.convert.tensors import (
     restore_param_state,
     save_param_state,
     tensor_index,
+    write_safetensors,
 )
 from dlr_jax.core.sharding import host_value
 from dlr_jax.models.hf_config import FAMILIES, ConversionError, Family, model_config_from_hf, supported_model_types
@@ -274,7 +275,6 @@ def save_hf(
     """Writes `model.safetensors` (sharded with an index above `max_shard_bytes`) + `config.json`
     that `transformers.AutoModelForCausalLM.from_pretrained` loads. qwen3_vl is written as qwen3."""
     import ml_dtypes  # noqa: F401
-    from safetensors.numpy import save_file
 
     out = Path(out_dir)
     fam = FAMILIES[_hf_model_type(config)]
@@ -293,26 +293,7 @@ def save_hf(
     if jax.process_index() != 0:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, np.ndarray]] = [{}]
-    size = 0
-    for name, x in tensors.items():
-        if size and size + x.nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = x
-        size += x.nbytes
-    meta = {"format": "pt"}  # transformers refuses files without it
-    if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata=meta)
-    else:
-        weight_map = {}
-        for k, shard in enumerate(shards):
-            fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / fname), metadata=meta)
-            weight_map |= dict.fromkeys(shard, fname)
-        total = sum(x.nbytes for x in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    write_safetensors(out, tensors, max_shard_bytes)
     (out / "config.json").write_text(json.dumps(hf_config_dict(config, dtype), indent=2))
     return out
 

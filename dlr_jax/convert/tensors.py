@@ -107,6 +107,32 @@ class TensorReader:
         return x
 
 
+def write_safetensors(out: Path, tensors: Mapping[str, np.ndarray], max_shard_bytes: int = 4 << 30) -> None:
+    """`out/model.safetensors`, or shards `model-0000k-of-0000n.safetensors` + `model.safetensors.index.json`
+    above `max_shard_bytes`, in the layout `transformers.from_pretrained` reads."""
+    from safetensors.numpy import save_file
+
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, x in tensors.items():
+        if size and size + x.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = x
+        size += x.nbytes
+    meta = {"format": "pt"}  # transformers refuses files without it
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata=meta)
+        return
+    weight_map = {}
+    for k, shard in enumerate(shards):
+        fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata=meta)
+        weight_map |= dict.fromkeys(shard, fname)
+    index = {"metadata": {"total_size": sum(x.nbytes for x in tensors.values())}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
 def path_str(path: tuple[Any, ...]) -> str:
     return "/".join(str(p) for p in path)
 

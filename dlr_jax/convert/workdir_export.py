@@ -3,7 +3,7 @@
 `export_stage(workdir, stage, out)` (CLI: `python -m dlr_jax.convert --to-hf --from-workdir W --stage
 sft|rl|align|textsft_cot|textsft_direct --out DIR`) writes a standard `transformers` checkpoint:
 
-- a latent stage (`LatentLM`, DESIGN §3) becomes a plain decoder whose vocabulary is our whole id
+- a latent stage (`LatentLM`, models/latent_lm.py) becomes a plain decoder whose vocabulary is our whole id
   layout: embedding rows = [backbone rows ; E_lat = P_in(C) ; ...], LM-head rows = [backbone head ;
   W_lat = P_out(C) ; ...], materialised in fp32. h . (c W + b) is exactly the latent logit our model
   computes, so the logits over the predictable rows agree. The rows our softmax masks (the gap between
@@ -18,7 +18,8 @@ sft|rl|align|textsft_cot|textsft_direct --out DIR`) writes a standard `transform
 - a text stage (CoT-/Direct-SFT) is its backbone as is, with the tokenizer.
 
 `prepare_out_dir` refuses a non-empty output directory unless `force`, and then removes what an
-earlier export left (shards and index that `from_pretrained` would otherwise mix with the new ones).
+earlier export left (shards and index that `from_pretrained` would otherwise mix with the new ones); it runs once
+the source has been read. `check_out_apart` refuses an output inside, equal to or above the source, force or not.
 `tensors.check_finite` makes a NaN/Inf tensor a one-line error naming the file and tensor.
 """
 
@@ -50,7 +51,24 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors.inde
 UNUSED = "<|dlr_unused_{}|>"
 
 
-def prepare_out_dir(out: str | Path, *, force: bool) -> Path:
+def check_out_apart(out: str | Path, *sources: str | Path | None) -> None:
+    """Refuses an output directory that is a source, inside one or above one (a workdir, a stage, an HF or Orbax
+    directory), --force or not: clearing it would remove what the conversion reads (`--out W/sft/final --force`
+    once deleted the trained stage before exporting it)."""
+    dest = Path(out).resolve()
+    for src in sources:
+        if src is None:
+            continue
+        s = Path(src).resolve()
+        if dest == s or s in dest.parents or dest in s.parents:
+            where = "is" if dest == s else "is inside" if s in dest.parents else "holds"
+            raise ConversionError(f"--out {out} {where} the source {src}: choose an output directory outside it "
+                                  "(nothing was written or removed)")
+
+
+def check_out_dir(out: str | Path, *, force: bool) -> list[Path]:
+    """What `prepare_out_dir` would find in `out` (refusing a file, or a non-empty directory without `force`);
+    removes nothing, so a conversion checks before it reads its source and clears only after."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConversionError(f"{out}: exists and is not a directory")
@@ -58,7 +76,13 @@ def prepare_out_dir(out: str | Path, *, force: bool) -> Path:
     if entries and not force:
         raise ConversionError(f"{out}: not empty ({', '.join(p.name for p in entries[:5])}"
                               f"{', ...' if len(entries) > 5 else ''}); pass --force to replace its checkpoint")
-    for p in entries:
+    return entries
+
+
+def prepare_out_dir(out: str | Path, *, force: bool) -> Path:
+    """`check_out_dir`, then removes what an earlier export left (call it after the source has been read)."""
+    out = Path(out)
+    for p in check_out_dir(out, force=force):
         if p.suffix == ".safetensors" or p.name in EXPORT_FILES:
             p.unlink()
         elif p.name == "params" and p.is_dir():  # an Orbax checkpoint written by --from-hf
@@ -148,8 +172,10 @@ def export_stage(workdir: str | Path, stage: str, out: str | Path, *, force: boo
     kind = read_meta(d)["kind"]
     if kind not in ("latent_lm", "backbone"):
         raise ConversionError(f"{d}: a {kind!r} model has no Hugging Face causal-LM form")
-    out = prepare_out_dir(out, force=force)
+    check_out_apart(out, workdir)
+    check_out_dir(out, force=force)
     model, tok, _ = load_stage_model(workdir, stage, mesh=make_mesh(1, 1, 1, devices=jax.local_devices()[:1]))
+    out = prepare_out_dir(out, force=force)  # --force clears only once the source is read
     if kind == "latent_lm":
         suppress = [int(i) for i in np.flatnonzero(~model.vocab_mask())]
         cfg, model = latent_lm_as_transformer(model)

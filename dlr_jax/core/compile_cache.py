@@ -1,10 +1,10 @@
 """XLA's persistent compilation cache for the command-line entry points (train, evaluate).
 
-Why: on a GPU the first GRPO step (its rollout, scoring and update compiled, then run) took 68 s even on a
-5M-parameter Llama (an H200, BENCHMARKS.md `grpo_peers_gpu`; 125 s on an H100), almost all of it XLA's GEMM
-autotuning, and every process pays it again: each stage, each evaluation, each restart after preemption. With
-the cache a rerun of the same shapes loads the executables (and JAX keeps XLA's per-fusion autotuning results
-beside them) from disk instead: 4 s for that first step on the H100.
+Why: on a GPU the first GRPO step (its rollout, scoring and update compiled, then run) is slow even on a
+small Llama, almost all of it XLA's GEMM autotuning (BENCHMARKS.md, section "GRPO step on a GPU"), and every
+process pays it again: each stage, each evaluation, each restart after preemption. With the cache a rerun of
+the same shapes loads the executables (and JAX keeps XLA's per-fusion autotuning results beside them) from
+disk instead, and that first step costs a small fraction of it.
 
 Where, in order:
 - `JAX_COMPILATION_CACHE_DIR` (JAX's own variable) set: JAX uses it; nothing changes here.

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+# The temporary names atomic_path gives: `.{name}.{host}.{pid}.{random}.tmp`. A host name may hold dots, so the
+# first group is name and host together (`run.workdir.remove_stale_temps` compares its end with this host's name).
+TEMP_NAME = re.compile(r"^\.(?P<name_host>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
 
 
 @contextlib.contextmanager

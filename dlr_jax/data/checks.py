@@ -11,8 +11,8 @@ from pathlib import Path
 
 from dlr_jax.data.records import DataFormatError, Example
 
-# Benchmarks whose golds are numbers (MATH's are LaTeX).
-NON_NUMERIC = ("math500", "math_train")
+# Benchmarks whose golds are numbers (MATH's and MathX-5M's are LaTeX).
+NON_NUMERIC = ("math500", "math_train", "mathx_5m")
 _NUMBER = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|[-+]?\d+/\d+")
 
 

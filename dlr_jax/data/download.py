@@ -1,9 +1,9 @@
 """Download the public benchmark files: `python -m dlr_jax.data.download NAME... --to DIR`.
 
 Files land in `DIR/<dataset>/<file>`, the layout `load_benchmark` expects, so `DLR_DATA_DIR=DIR`
-makes them the default. Every file comes from a pinned commit (see `/shared/data/README.md` for
-provenance), is checked against its known sha256 when the source is upstream, and is parsed with
-its reader to check the record count; both are printed.
+makes them the default. Every file comes from a pinned commit (`SOURCES` below: each file's URL,
+hash and record count), is checked against its known sha256 when the source is upstream, and is
+parsed with its reader to check the record count; both are printed.
 
 Sources other than GitHub:
 - `--mirror URL` or `$DLR_DOWNLOAD_MIRROR`: a base URL laid out like DIR (`file://` works);
@@ -11,7 +11,10 @@ Sources other than GitHub:
 A mirror's hashes are reported but not enforced (a copy may legitimately differ, e.g. an added
 trailing newline); record counts are always enforced.
 
-NAME is one of the keys of `SOURCES` or `all` (everything except the 88 MB `gsm8k_aug_full`).
+NAME is one of the keys of `SOURCES` or `all` (everything except the 88 MB `gsm8k_aug_full`), or `mathx_5m`
+(`HUB_SOURCES`): MathX-5M, the third source of the paper's codebook corpus, a folder of parquet files on the
+Hugging Face hub (gigabytes; fetched with `huggingface_hub`, never by `all`). Its files have no hashes on record:
+the commit that was fetched and the rows counted are written to `DIR/mathx_5m/SOURCE.json`.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import shutil
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dlr_jax.data.mathx import count_rows
 from dlr_jax.data.readers import BENCHMARKS
 from dlr_jax.data.records import DataFormatError
 
@@ -197,6 +201,33 @@ SOURCES: dict[str, tuple[FileSource, ...]] = {
 DEFAULT_ALL = tuple(k for k in SOURCES if k != "gsm8k_aug_full")
 
 
+@dataclasses.dataclass(frozen=True)
+class HubSource:
+    """A dataset of the Hugging Face hub fetched as a folder: the files of `repo` at `revision` that match
+    `pattern`, into `<to>/<subdir>/`. No hashes are on record: the commit fetched is resolved first and written,
+    with the rows counted by `count`, to `<to>/<subdir>/SOURCE.json`."""
+
+    subdir: str
+    repo: str
+    revision: str
+    pattern: str
+    benchmark: str
+    count: Callable[[Path], int]  # the rows of the fetched folder, counted without reading every record
+
+    @property
+    def url(self) -> str:
+        return f"https://huggingface.co/datasets/{self.repo}/tree/{self.revision}"
+
+
+HUB_SOURCES: dict[str, HubSource] = {
+    # MathX-5M (MIT): the paper's codebook corpus takes a stratified 603K of it (codebook.corpus entry
+    # "mathx_5m:train@603000"). The hub's main was at commit 718166a (a README change) when this was written;
+    # its full hash was not at hand, so "main" is resolved at download time and the commit written to SOURCE.json.
+    "mathx_5m": HubSource("mathx_5m", "XenArcAI/MathX-5M", "main", "data/*.parquet", "mathx_5m", count_rows),
+}
+SOURCE_RECORD = "SOURCE.json"
+
+
 class DownloadError(RuntimeError):
     """A file could not be fetched or failed verification."""
 
@@ -285,6 +316,41 @@ def download_file(
     return dest
 
 
+def download_hub(src: HubSource, to: Path, *, base_url: str | None = None, force: bool = False,
+                 log=print) -> Path:
+    """Fetches a hub dataset's folder into `to/<subdir>` (skipped when SOURCE.json says it is there, unless
+    `force`); a local mirror (`file://`, laid out like `to`) is copied instead. Returns the folder."""
+    import json
+
+    dest = to / src.subdir
+    if (dest / SOURCE_RECORD).is_file() and not force:
+        log(f"{src.subdir}: present ({dest / SOURCE_RECORD}); skipped (--force to re-fetch)")
+        return dest
+    if base_url:
+        if not base_url.startswith("file://"):
+            raise DownloadError(f"{src.subdir} comes from the Hugging Face hub ({src.url}); a mirror must be a local "
+                                "folder (--from-local) laid out like --to")
+        shutil.copytree(Path(urllib.request.url2pathname(base_url[len("file://"):])) / src.subdir, dest,
+                        dirs_exist_ok=True)
+        sha, origin = "", f"{base_url.rstrip('/')}/{src.subdir}"
+    else:
+        try:
+            from huggingface_hub import HfApi, snapshot_download
+
+            sha = HfApi().dataset_info(src.repo, revision=src.revision).sha
+            snapshot_download(repo_id=src.repo, repo_type="dataset", revision=sha, allow_patterns=[src.pattern],
+                              local_dir=dest)
+        except Exception as e:  # the hub client's HTTP, connection and authentication errors (not all OSErrors)
+            raise DownloadError(f"could not fetch {src.url}: {type(e).__name__}: {e}") from None
+        origin = src.url
+    rows = src.count(dest)
+    info = {"repo": src.repo, "revision": src.revision, "commit": sha, "pattern": src.pattern, "rows": rows,
+            "from": origin}
+    (dest / SOURCE_RECORD).write_text(json.dumps(info, indent=2) + "\n")
+    log(f"{src.subdir}: {rows:,} records, commit {sha or '(a local copy)'} <- {origin}")
+    return dest
+
+
 def download(
     names: Sequence[str],
     to: str | os.PathLike,
@@ -299,12 +365,16 @@ def download(
     for name in names:
         if name == "all":
             wanted += DEFAULT_ALL
-        elif name in SOURCES:
+        elif name in SOURCES or name in HUB_SOURCES:
             wanted.append(name)
         else:
-            raise ValueError(f"unknown dataset {name!r}; known: {sorted(SOURCES)} or 'all'")
+            raise ValueError(f"unknown dataset {name!r}; known: {sorted([*SOURCES, *HUB_SOURCES])} or 'all'")
     out: dict[str, Path] = {}
     for name in dict.fromkeys(wanted):
+        if name in HUB_SOURCES:
+            hub = HUB_SOURCES[name]
+            out[hub.subdir] = download_hub(hub, Path(to), base_url=base_url, force=force, log=log)
+            continue
         for src in SOURCES[name]:
             out[src.rel] = download_file(
                 src, Path(to), base_url=base_url, force=force, timeout=timeout, log=log
@@ -315,8 +385,9 @@ def download(
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Download public math-reasoning benchmarks (pinned commits).")
     p.add_argument("names", nargs="+", metavar="NAME",
-                   help=f"{', '.join(SOURCES)} or all (every one but gsm8k_aug_full, the 88 MB full GSM8K-Aug train "
-                   "set; without it gsm8k_aug:train reads the 3,000-line subset)")
+                   help=f"{', '.join([*SOURCES, *HUB_SOURCES])} or all (every one but gsm8k_aug_full, the 88 MB full "
+                   "GSM8K-Aug train set, without which gsm8k_aug:train reads the 3,000-line subset, and mathx_5m, "
+                   f"MathX-5M's parquet files from {HUB_SOURCES['mathx_5m'].url}: gigabytes)")
     p.add_argument(
         "--to",
         default=os.environ.get("DLR_DATA_DIR", "data"),

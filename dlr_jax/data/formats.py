@@ -1,6 +1,6 @@
 """Every token layout the stages train on, in one place; evaluation imports `prompt_ids` from here.
 
-Notation (DESIGN §3): x = prompt, y = textual CoT, z = latent ids, a = answer text.
+Notation (the paper's): x = prompt, y = textual CoT, z = latent ids, a = answer text.
 
     prompt       x = [<bos>] + enc(question.strip()) + enc("\\n")
     textsft/cot  [x ; enc(y) <answer> enc(a) </answer> <eos>]               loss after x

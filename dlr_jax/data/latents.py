@@ -125,6 +125,8 @@ def write_latents(
 def read_latents(path: str | os.PathLike, *, num_codes: int | None = None) -> LatentTable:
     """Reads `write_latents` output. A malformed line raises `DataFormatError` naming file:line."""
     p = Path(path)
+    if p.is_dir():
+        raise DataFormatError(p, "is a directory; expected the export stage's latent ids file (JSON lines)")
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist (written by the export stage, or use random_latents)")
     latents: dict[str, tuple[int, ...]] = {}
@@ -157,7 +159,7 @@ def read_latents(path: str | os.PathLike, *, num_codes: int | None = None) -> La
 
 def default_num_latents(example: Example, *, short_chars: int = 40) -> int:
     """4 for a CoT of at most `short_chars` characters, else 9: the two canvas sizes (128 / 192 px)
-    that short GSM8K-style CoTs render to (DESIGN §1)."""
+    that short GSM8K-style CoTs render to (`text.render`: N = (L/64)^2)."""
     return 4 if len(example.cot) <= short_chars else 9
 
 

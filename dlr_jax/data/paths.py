@@ -5,7 +5,7 @@ Lookup order for the data root:
 2. `<repo>/../shared/data` (the layout of this workplace);
 3. `<repo>/data` (where `python -m dlr_jax.data.download all --to data` writes by default).
 
-Below the root each dataset has its own folder, as in `shared/data/README.md`:
+Below the root each dataset has its own folder:
 `gsm8k/ gsm8k_aug/ gsm_hard/ svamp/ multiarith/ math500/ math_train/`.
 """
 

@@ -17,7 +17,8 @@ A batch is a dict of numpy arrays, each [batch_size, max_len] int32:
 Stage sft's dual branch (`ocr_text_len > 0`, unpacked only) adds, per row (one example):
 
     ocr_targets    [b, ocr_text_len] the CoT as OCR-decoder char ids (`ocr_text.encode_target`:
-                   chars, <eos>, <pad>...; longer CoTs are cut)
+                   chars, <eos>, <pad>...; longer CoTs are cut), or as `ocr_encode` writes it (an OCR-2
+                   codebook's decoder: the checkpoint's tokens, <eos>, then -1)
     ocr_codes      [b, N] the example's latent code indices, left-padded with 0 to N = the most
                    codes any (length-filtered) example has, so every batch and process has one shape
     ocr_code_mask  [b, N] 1 on the real codes (the right end), 0 on the padding
@@ -58,6 +59,7 @@ from grain.experimental import FirstFitPackIterDataset
 from dlr_jax.config import ConfigError
 from dlr_jax.data import formats
 from dlr_jax.data.cot_view import cot_view
+from dlr_jax.data.packing import PackStats, pack_stats
 from dlr_jax.data.records import Example
 from dlr_jax.text.ocr_text import encode_target
 from dlr_jax.text.tokens import Tokenizer
@@ -133,18 +135,36 @@ def filter_by_length(
     vocab_size: rows of the model's embedding table; any token id outside [0, vocab_size) raises
     `TokenRangeError` naming the example, the id and the table size (before any step runs: JAX's
     gathers return NaN for such ids instead of failing)."""
+    kept, _, dropped = fitting_items(stage, examples, tok, max_len=max_len, latents=latents, mode=mode,
+                                     vocab_size=vocab_size)
+    return [it.example for it in kept], dropped
+
+
+def fitting_items(
+    stage: str,
+    examples: Iterable[Example],
+    tok: Tokenizer,
+    *,
+    max_len: int,
+    latents: Latents | None = None,
+    mode: str = "cot",
+    vocab_size: int | None = None,
+) -> tuple[list[Item], list[int], int]:
+    """`filter_by_length` as (the kept items, their sequence lengths, number dropped): the lengths come with
+    the check, which tokenises every example anyway, and size the packed epoch (`data.packing`)."""
     items = make_items(stage, examples, latents)
-    kept = []
+    kept, lengths = [], []
     for it in items:
         seq = build_sequence(stage, tok, it, mode)
         if vocab_size is not None:
             check_token_range(seq.tokens, vocab_size, where=f"{stage} example {it.example.id!r}")
         if len(seq) <= max_len:
             kept.append(it)
+            lengths.append(len(seq))
     dropped = len(items) - len(kept)
     msg = "%s: dropped %d of %d examples longer than max_len=%d"
     (log.warning if dropped else log.info)(msg, stage, dropped, len(items), max_len)
-    return [it.example for it in kept], dropped
+    return kept, lengths, dropped
 
 
 class TokenRangeError(ValueError):
@@ -165,18 +185,20 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, *, where: str) -> Non
 
 
 def _tokenise(
-    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int, str] | None = None
+    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int, str, Any] | None = None
 ) -> dict[str, np.ndarray]:
     seq = build_sequence(stage, tok, item, mode)
     out = {"tokens": seq.tokens, "loss_mask": seq.loss_mask.astype(np.int32)}
     if ocr is not None:
-        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1], view=ocr[2])
+        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1], view=ocr[2], encode=ocr[3])
     return out
 
 
-def ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str = "cot") -> dict[str, np.ndarray]:
+def ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str = "cot",
+               encode: Any = None) -> dict[str, np.ndarray]:
     """One row's `OCR_KEYS` (see the module docstring): targets (the CoT as the codebook rendered it,
-    `cot_view`), codes left-padded to num_codes, mask."""
+    `cot_view`, encoded by `encode(text, text_len) -> (ids, cut)`, default `encode_target`), codes
+    left-padded to num_codes, mask."""
     n = len(item.codes)
     if n > num_codes:
         raise ValueError(f"example {item.example.id!r} has {n} latent codes, more than num_codes={num_codes}")
@@ -185,7 +207,7 @@ def ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str = "cot") 
     codes[num_codes - n :] = item.codes
     mask[num_codes - n :] = 1
     target = cot_view(item.example.cot, view, example_id=item.example.id)
-    return {"ocr_targets": encode_target(target, text_len)[0], "ocr_codes": codes, "ocr_code_mask": mask}
+    return {"ocr_targets": (encode or encode_target)(target, text_len)[0], "ocr_codes": codes, "ocr_code_mask": mask}
 
 
 def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -235,6 +257,7 @@ def make_stage_dataset(
     num_threads: int = 2,
     ocr_text_len: int = 0,
     ocr_view: str = "cot",
+    ocr_encode: Any = None,
     vocab_size: int | None = None,
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
@@ -249,7 +272,8 @@ def make_stage_dataset(
     num_threads: grain reader threads per process that tokenise ahead of the consumer (0 = on
     demand, in the caller's thread). ocr_text_len: > 0 adds stage sft's dual-branch fields
     (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False. ocr_view: what of each CoT
-    the OCR targets hold (`codebook.render_view`, `cot_view`). vocab_size: the model's
+    the OCR targets hold (`codebook.render_view`, `cot_view`). ocr_encode: `(text, length) -> (ids [length],
+    cut)`, a picklable top-level callable; None = `ocr_text.encode_target` (characters). vocab_size: the model's
     embedding rows; every example's ids are checked against it up front (`check_token_range`).
     """
     if batch_size < 1 or max_len < 1:
@@ -258,10 +282,9 @@ def make_stage_dataset(
     shard_count = jax.process_count() if shard_count is None else shard_count
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}")
-    kept, _ = filter_by_length(
+    items, lengths, _ = fitting_items(
         stage, examples, tok, max_len=max_len, latents=latents, mode=mode, vocab_size=vocab_size
     )
-    items = make_items(stage, kept, latents)
     ocr = None
     if ocr_text_len > 0:
         if stage != "sft" or pack:
@@ -270,12 +293,14 @@ def make_stage_dataset(
                 f"pack={pack}"
             )
         # Over every kept example, before sharding: the same N on every process and every batch.
-        ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]), ocr_view)
-        cut = sum(encode_target(cot_view(it.example.cot, ocr_view, example_id=it.example.id), ocr_text_len)[1]
+        encode = ocr_encode or encode_target
+        ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]), ocr_view, encode)
+        cut = sum(encode(cot_view(it.example.cot, ocr_view, example_id=it.example.id), ocr_text_len)[1]
                   for it in items)
+        unit = "characters" if ocr_encode is None else "tokens"
         (log.warning if cut else log.info)(
-            "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d characters; their OCR "
-            "targets are cut", cut, len(items), ocr_text_len - 1)
+            "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d %s; their OCR "
+            "targets are cut", cut, len(items), ocr_text_len - 1, unit)
     if len(items) < shard_count:
         fit = f"{len(items)} examples fit max_len={max_len}"
         raise ValueError(f"shard {shard_index}/{shard_count} is empty: {fit}")
@@ -292,8 +317,11 @@ def make_stage_dataset(
             padding_struct={"tokens": tok.pad_id, "loss_mask": 0},
         )
         it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
+        # Each process packs its own slice with its own bins; replayed here on the global stream with as many
+        # bins a process has, which counts the rows of every process together closely enough for a schedule.
+        stats = pack_stats(lengths, max_len, num_packing_bins or batch_size, seed)
         return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count, packed=True,
-                         examples=len(items))
+                         examples=len(items), pack=stats)
     ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
     batches = ds.batch(batch_size, drop_remainder=drop_remainder)
 
@@ -302,7 +330,8 @@ def make_stage_dataset(
         tail = batches[start:] if start else batches
         return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
 
-    return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items))
+    return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items),
+                     pack=PackStats(len(items), int(sum(lengths)), max_len, rows=len(items)))
 
 
 def _prefetch(it: grain.IterDataset, num_workers: int) -> grain.IterDataset:
@@ -343,10 +372,17 @@ class ProcessSlice(grain.MapDataset):
 class StageData:
     """What `make_stage_dataset` returns: iterable (a fresh iterator from the start each time)."""
 
-    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int):
-        """examples: how many examples fit max_len (what an epoch holds)."""
+    def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int,
+                 pack: PackStats | None = None):
+        """examples: how many examples fit max_len (what an epoch holds). pack: the epoch in rows (`data.packing`;
+        one example a row unpacked)."""
         self._make, self.global_batch, self.shard_count, self.packed = make, global_batch, shard_count, packed
-        self.examples = examples
+        self.examples, self.pack = examples, pack
+
+    @property
+    def examples_per_step(self) -> float:
+        """Examples one global batch holds: batch size x examples a packed row holds (on average over an epoch)."""
+        return self.global_batch * (self.pack.examples_per_row if self.packed and self.pack else 1.0)
 
     def __iter__(self) -> StageIterator:
         return StageIterator(self)
@@ -400,7 +436,7 @@ class StageIterator:
 
 def read_options(num_threads: int, read_ahead: int) -> grain.ReadOptions:
     # grain's default (16 threads, 500 elements ahead) polls every buffered future on each element
-    # (packing ran 6x slower) and would hold 500 whole batches in memory. Not
+    # (it slowed packing down several-fold) and would hold 500 whole batches in memory. Not
     # ThreadPrefetchIterDataset either: its daemon thread aborts the interpreter at exit (rc 134)
     # when an iterator is left open mid-tokenisation; grain's reader threads are joined cleanly.
     return grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=read_ahead if num_threads else 0)

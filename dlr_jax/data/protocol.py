@@ -6,8 +6,13 @@ MATH: 12k -> 7.5k / 4.5k) and drops chains of thought longer than 2,048 tokens. 
 - `cot_length_filter`: examples whose CoT tokenises to more than `max_cot_tokens` are left out of
   every stage (counted, never silently);
 - `split_sft_rl`: the RL part is the examples whose hash of (split_seed, example id) ranks lowest, so
-  the split does not depend on the file's order, the number of processes or the run seed;
-- `steps_for_epochs`: `num_epochs` passes over n examples at a global batch size, rounded up.
+  the split does not depend on the file's order, the number of processes or the run seed. Stage align
+  reads the SFT part or, with data.align_part=all (the paper's "all 385K for latent-text alignment"),
+  both parts;
+- `steps_for_epochs`: `num_epochs` passes over n examples at a global batch size, rounded up;
+- `stratified_sample`: n examples of a source in proportion to its strata (`allocate`, largest
+  remainders), within each stratum the ids whose hash of (seed, id) ranks lowest (`pick`): the codebook
+  corpus's "name:split@N" entries (the paper's stratified 603K of MathX-5M; dlr_jax/data/sources.py).
 
 `record` writes what was chosen to `<workdir>/data_protocol.json` (counts and a digest of the ids per
 part), so two runs can be checked to have trained on the same examples.
@@ -18,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,46 @@ PROTOCOL_FILE = "data_protocol.json"
 
 def _rank(example_id: str, seed: int) -> bytes:
     return hashlib.sha256(f"{seed}:{example_id}".encode()).digest()
+
+
+class SampleTooLarge(ValueError):
+    """A sample asks for more examples than its source has (e.g. a count meant for a full release, read
+    from a subset)."""
+
+
+def allocate(sizes: Mapping[str, int], n: int) -> dict[str, int]:
+    """How many of n examples each stratum gives, in proportion to its size: floors, then the largest
+    remainders (ties by stratum name), so the parts sum to n and none exceeds its stratum."""
+    total = sum(sizes.values())
+    if n > total:
+        raise SampleTooLarge(f"a sample of {n:,} asked of {total:,} examples")
+    if n <= 0:
+        raise ValueError(f"a sample needs n > 0, got {n}")
+    quota = {s: n * k / total for s, k in sizes.items()}
+    out = {s: math.floor(q) for s, q in quota.items()}
+    for s in sorted(quota, key=lambda s: (out[s] - quota[s], s))[: n - sum(out.values())]:
+        out[s] += 1
+    return out
+
+
+def pick(ids: Sequence[str], k: int, seed: int) -> set[str]:
+    """The k ids whose hash of (seed, id) ranks lowest: independent of the ids' order."""
+    return set(sorted(ids, key=lambda i: _rank(i, seed))[:k])
+
+
+def stratified_sample(examples: Sequence[Example], n: int, seed: int = 0, stratum=None) -> list[Example]:
+    """n of `examples` (file order kept), each stratum (`stratum(example)`, default `extra["stratum"]`, else
+    one stratum) in proportion to its size. Readers that cannot hold a whole source in memory (MathX-5M) take
+    the same sample file by file with `allocate` and `pick`."""
+    stratum = stratum or (lambda ex: str(ex.extra.get("stratum", "")))
+    groups: dict[str, list[str]] = {}
+    for ex in examples:
+        groups.setdefault(stratum(ex), []).append(ex.id)
+    if sum(map(len, groups.values())) != len({ex.id for ex in examples}):
+        raise ValueError("stratified_sample needs unique example ids")
+    quota = allocate({s: len(ids) for s, ids in groups.items()}, n)
+    keep = set().union(*(pick(ids, quota[s], seed) for s, ids in groups.items()))
+    return [ex for ex in examples if ex.id in keep]
 
 
 def rl_count(n: int, rl_split: float) -> int:
@@ -89,10 +134,11 @@ def ids_digest(examples: Sequence[Example]) -> str:
     return h.hexdigest()[:16]
 
 
-def record(workdir: str | Path, info: dict[str, Any], *, write: bool = True) -> Path:
-    """Writes (or checks against) `<workdir>/data_protocol.json`: a rerun must see the same split.
-    write=False (processes other than 0): only the check, so every process refuses a changed split."""
-    f = Path(workdir) / PROTOCOL_FILE
+def record(workdir: str | Path, info: dict[str, Any], *, write: bool = True, name: str = PROTOCOL_FILE) -> Path:
+    """Writes (or checks against) `<workdir>/<name>` (default data_protocol.json): a rerun must see the same
+    split. write=False (processes other than 0): only the check, so every process refuses a changed split.
+    The codebook stage records its corpus the same way (codebook/corpus.json)."""
+    f = Path(workdir) / name
     if f.is_file():
         old = json.loads(f.read_text())
         if old != info:

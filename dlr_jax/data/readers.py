@@ -9,6 +9,7 @@
 | multiarith | all (600), test (180), train (420)    | multiarith/MultiArith.json                 |
 | math500    | test                                  | math500/test.jsonl                         |
 | math_train | train                                 | math_train/train.jsonl                     |
+| mathx_5m   | train (a corpus source only)          | mathx_5m/data/*.parquet (a folder)         |
 | synthetic  | test, valid, train                    | generated (or `path`/<split>.txt)          |
 | synthetic_hard, synthetic_reworded | test, valid   | generated: GSM-Hard's / SVAMP's analogue   |
 
@@ -32,9 +33,10 @@ from dlr_jax.data.gsm8k import read_gsm8k
 from dlr_jax.data.gsm8k_aug import read_gsm8k_aug
 from dlr_jax.data.gsm_hard import read_gsm_hard
 from dlr_jax.data.hendrycks_math import read_math
+from dlr_jax.data.mathx import read_mathx
 from dlr_jax.data.multiarith import read_multiarith
 from dlr_jax.data.paths import shared_data_dir
-from dlr_jax.data.records import Example
+from dlr_jax.data.records import DataFormatError, Example
 from dlr_jax.data.svamp import read_svamp
 
 log = logging.getLogger(__name__)
@@ -44,13 +46,15 @@ log = logging.getLogger(__name__)
 class BenchmarkSpec:
     """subdir: folder under the data root; files: split -> file name; counts: split -> records in
     the public release (checked by the downloader, not by `load_benchmark`, since user copies may
-    legitimately differ)."""
+    legitimately differ). folder: a split is a folder of files (MathX-5M's parquet shards); its reader
+    also takes `sample=n, seed=s` and draws a stratified sample while reading."""
 
     name: str
     subdir: str
     files: Mapping[str, str]
     counts: Mapping[str, int]
     read: Callable[..., list[Example]]
+    folder: bool = False
 
     @property
     def default_split(self) -> str:
@@ -100,6 +104,8 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
         BenchmarkSpec(
             "math_train", "math_train", {"train": "train.jsonl"}, {"train": 12000}, _read_math_train
         ),
+        # counts: none on record (the card's size is not checked here); the paper samples 603K of it
+        BenchmarkSpec("mathx_5m", "mathx_5m", {"train": "data"}, {}, read_mathx, folder=True),
     )
 }
 SYNTHETIC = "synthetic"
@@ -152,7 +158,9 @@ def load_benchmark(
     spec = _spec(name)
     split = split or spec.default_split
     f = benchmark_file(name, split, path)
-    if not f.is_file():
+    if not spec.folder:
+        _check_not_a_directory(f, name, split)
+    if not (f.exists() if spec.folder else f.is_file()):
         raise FileNotFoundError(
             f"{name} ({split}): {f} does not exist; "
             f"get it with `python -m dlr_jax.data.download {name} --to DIR` "
@@ -161,6 +169,13 @@ def load_benchmark(
     if f.name == spec.files.get("train_subset_3000") and split == "train":
         split = "train_subset_3000"  # ids say what was actually read
     return _checked(spec.read(f, split=split, **options), name, f)
+
+
+def _check_not_a_directory(f: Path, name: str, split: str) -> None:
+    """A directory where the data file is expected (a copy unpacked one level too deep): one line (DataFormatError,
+    exit 2) saying so, instead of a traceback that the file "does not exist"."""
+    if f.is_dir():
+        raise DataFormatError(f, f"is a directory; {name} ({split}) reads a file here")
 
 
 def _checked(examples: list[Example], name: str, f: Path) -> list[Example]:
@@ -173,6 +188,7 @@ def _checked(examples: list[Example], name: str, f: Path) -> list[Example]:
 def _load_synthetic(name: str, path: str | Path | None, split: str, **options: Any) -> list[Example]:
     if path is not None:
         f = benchmark_file(name, split, path)
+        _check_not_a_directory(f, name, split)
         return _checked(read_gsm8k_aug(f, split=split, source=name), name, f)
     if name != SYNTHETIC:
         return synthetic_variants.variant_split(name, split, **options)

@@ -2,7 +2,7 @@
 
 Every image in a batch has the same canvas side L, so the encoder sees a fixed N = (L/64)^2 per
 batch and each side compiles once. Sides are known before drawing: `canvas_side` runs the
-renderer's layout without drawing (~30 us per short CoT), so batches are planned up front and only
+renderer's layout without drawing (far cheaper than drawing), so batches are planned up front and only
 the drawing happens in the grain workers.
 
 Training (`make_render_dataset`), as the paper renders each CoT once:
@@ -141,7 +141,7 @@ class BatchPlan:
         self.sides = np.asarray([s for s, _, _ in laid], np.int32)
         lens = np.asarray([len(normalize_text(t)) + 1 for t in self.texts], np.int64)
         self.buckets = {int(s): np.flatnonzero(self.sides == s) for s in np.unique(self.sides)}
-        # Padding every target to the bucket's longest would make the decoder ~30 % slower for the
+        # Padding every target to the bucket's longest would make every decoder step pay for the
         # 1 % longest CoTs; they are cut instead (counted in text_cut).
         self.target_len = {
             s: int(min(max_text_len, -(-int(np.ceil(np.percentile(lens[idx], 99))) // 16) * 16))

@@ -1,10 +1,14 @@
 """The examples a config names: `load_examples(cfg, split)` (the data section's dataset) and
-`corpus_texts(cfg)` (the codebook stage's CoT corpus). Shared by the stages, evaluation and the
+`corpus(cfg)` / `corpus_texts(cfg)` (the codebook stage's CoT corpus: a mixture of sources, each whole or a
+stratified sample, "name:split@N"). Shared by the stages, evaluation and the
 render-cache CLI, so none of them reaches into another for its inputs."""
 
 from __future__ import annotations
 
-from dlr_jax.config import Config
+import dataclasses
+from typing import Any
+
+from dlr_jax.config import Config, ConfigError
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.readers import load_benchmark
 from dlr_jax.data.records import Example
@@ -48,14 +52,74 @@ def load_named_split(spec: str, what: str = "entry") -> list[Example]:
     return load_benchmark(name, split=split)
 
 
-def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
-    """Training (or held-out) CoTs as the codebook renders them (`codebook.render_view`):
-    `codebook.corpus` / `eval_corpus` entries "name:split", or the data section's dataset. Empty CoTs
-    are left out (nothing to read back)."""
+@dataclasses.dataclass(frozen=True)
+class CorpusEntry:
+    """One source of the codebook corpus: "name:split" (every example) or "name:split@N" (a stratified
+    sample of N: `dlr_jax.data.protocol.stratified_sample`; the paper's "mathx_5m:train@603000")."""
+
+    name: str
+    split: str
+    count: int = 0  # 0 = all
+
+    @staticmethod
+    def parse(spec: str) -> CorpusEntry:
+        head, at, count = spec.strip().partition("@")
+        name, sep, split = head.partition(":")
+        ok = bool(sep and name and split) and (not at or count.replace("_", "").isdigit())
+        if not ok or (at and int(count) <= 0):
+            raise ConfigError(f"codebook corpus entry {spec!r} must look like name:split or name:split@N with "
+                              "N > 0 examples (e.g. gsm8k_aug:train, mathx_5m:train@603000)")
+        return CorpusEntry(name, split, int(count) if at else 0)
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.split}" + (f"@{self.count}" if self.count else "")
+
+
+def load_corpus_entry(entry: CorpusEntry, seed: int = 0) -> tuple[list[Example], dict[str, Any]]:
+    """An entry's examples and what was read (for the run's record): the count available where the whole
+    source was read, the count taken, the seed of a sample and a digest of the ids."""
+    from dlr_jax.data import protocol
+    from dlr_jax.data.readers import BENCHMARKS
+
+    spec = BENCHMARKS.get(entry.name)
+    info: dict[str, Any] = {"entry": str(entry)}
+    try:
+        if entry.count and spec is not None and spec.folder:  # drawn while reading (MathX-5M: millions of records)
+            examples = load_benchmark(entry.name, split=entry.split, sample=entry.count, seed=seed)
+        else:
+            examples = load_named_split(f"{entry.name}:{entry.split}", "codebook corpus entry")
+            info["available"] = len(examples)
+            if entry.count:
+                examples = protocol.stratified_sample(examples, entry.count, seed)
+    except protocol.SampleTooLarge as e:
+        raise ConfigError(f"codebook corpus entry {entry}: {e}") from None
+    if entry.count:
+        info["sample_seed"] = seed
+    info |= {"taken": len(examples), "ids_sha256": protocol.ids_digest(examples)}
+    return examples, info
+
+
+def corpus(cfg: Config, held_out: bool = False) -> tuple[list[str], dict[str, Any]]:
+    """Training (or held-out) CoTs as the codebook renders them (`codebook.render_view`) and what was read:
+    `codebook.corpus` / `eval_corpus` entries ("name:split", "name:split@N": a stratified sample of N drawn with
+    data.split_seed), or the data section's dataset. Empty CoTs are left out (nothing to read back), counted."""
     entries = cfg.codebook.eval_corpus if held_out else cfg.codebook.corpus
+    seed = cfg.data.split_seed
     if entries:
-        examples = [ex for e in entries for ex in load_named_split(e, "codebook corpus entry")]
+        parts = [load_corpus_entry(CorpusEntry.parse(e), seed) for e in entries]
+        examples = [ex for exs, _ in parts for ex in exs]
+        sources = [info for _, info in parts]
     else:
-        examples = load_examples(cfg, cfg.data.eval_split if held_out else cfg.data.train_split)
+        split = cfg.data.eval_split if held_out else cfg.data.train_split
+        examples = load_examples(cfg, split)
+        sources = [{"entry": f"{cfg.data.dataset}:{split}", "taken": len(examples)}]
     view = cfg.codebook.render_view
-    return [cot_view(ex.cot, view, example_id=ex.id) for ex in examples if ex.cot.strip()]
+    texts = [cot_view(ex.cot, view, example_id=ex.id) for ex in examples if ex.cot.strip()]
+    info = {"sources": sources, "render_view": view, "texts": len(texts),
+            "empty_cot_left_out": len(examples) - len(texts)}
+    return texts, info
+
+
+def corpus_texts(cfg: Config, held_out: bool = False) -> list[str]:
+    """`corpus`'s texts."""
+    return corpus(cfg, held_out)[0]

@@ -58,7 +58,8 @@ REWORDED_QUESTION = "What is the number of {i} {n} owns at the end?"
 # GSM8K-Aug-NL's analogue (`cot_style="natural"`): the chain told in sentences, each step's calculator annotation
 # kept inline, as GSM8K's own solutions are ("Natalia sold 48/2 = <<48/2=24>>24 clips in May."). GSM8K's
 # solutions are 6.6x the characters of their annotations joined (train split, means: 279 vs 42); these chains are
-# 7.5x their equation form on the default 1-4-step task and 6.6x at 3-6 steps (the closing sentence weighs less).
+# 7.5x their equation form on the default 1-4-step task and 6.6x the equation form at 3-6 steps (the closing
+# sentence weighs less).
 # As many templates per op as STEP_TEMPLATES (the story's template index picks the verb of the question).
 NATURAL_STEPS: Mapping[str, tuple[str, ...]] = {
     "+": ("{n} buys {b} more {i}, so {n} has {a} + {b} = {eq}{c} {i}.",

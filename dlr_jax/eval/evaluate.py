@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import hashlib
 import json
 import sys
 import time
@@ -284,8 +285,9 @@ def run_benchmarks(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluates `eval_cfg.benchmarks` (each `name[:split]`) with one shared Sampler; writes
-    `<out_dir>/results[_tag].json` and `samples[_tag].jsonl` when `out_dir` is given; returns the
-    results dict. `record`: extra fields for results.json (workdir, stage, config)."""
+    `<out_dir>/results[_tag].json` and `samples[_tag].jsonl` when `out_dir` is given (results.json names the samples
+    file's SHA-256 under `samples_file`: `samples_match`); returns the results dict. `record`: extra fields for
+    results.json (workdir, stage, config)."""
     loader = loader or default_loader()
     sampler = Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket, unstack_layers=unstack_layers)
     results: dict[str, Any] = {
@@ -334,12 +336,36 @@ def run_benchmarks(
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         suffix = f"_{tag}" if tag else ""
-        # The samples first: results.json is what marks an evaluation done (the experiments runner).
-        with atomic_path(out / f"samples{suffix}.jsonl") as tmp, open(tmp, "w") as f:
+        # The samples first: results.json is what marks an evaluation done (the experiments runner). It names the
+        # samples file's hash, so a reader can tell a pair from two runs (a kill between the two renames):
+        # samples_match.
+        digest = hashlib.sha256()
+        with atomic_path(out / f"samples{suffix}.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
             for s in all_samples:
-                f.write(json.dumps(s) + "\n")
+                line = json.dumps(s) + "\n"
+                digest.update(line.encode("utf-8"))
+                f.write(line)
+        results["samples_file"] = {"name": f"samples{suffix}.jsonl", "sha256": digest.hexdigest(),
+                                   "rows": len(all_samples)}
         write_text_atomic(out / f"results{suffix}.json", json.dumps(results, indent=2) + "\n")
     return results
+
+
+def samples_match(results_file: str | Path) -> bool:
+    """Whether the samples file that `results_file` names is the one written with it (same SHA-256): False for a
+    samples file of another run, a missing one, or results written before they named one."""
+    results_file = Path(results_file)
+    named = json.loads(results_file.read_text()).get("samples_file")
+    if not named:
+        return False
+    f = results_file.with_name(named["name"])
+    if not f.is_file():
+        return False
+    digest = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest() == named["sha256"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,15 +514,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def cli(argv: Sequence[str] | None = None) -> None:
     """`python -m dlr_jax.evaluate`: `main`, with a missing stage or data file as one line (exit 2)."""
+    from dlr_jax.core.exit_codes import NO_SPACE, REFUSED, no_space_error, no_space_message
     from dlr_jax.core.files import MissingStageError
     from dlr_jax.eval.aggregate import ResultsFileError
+    from dlr_jax.run.checkpoint import CheckpointUnreadable
 
     try:
         main(argv)
-    # A missing stage names the command that makes it; a missing data file, the command that downloads it.
-    except (ConfigError, DataFormatError, FileNotFoundError, MissingStageError, ResultsFileError) as e:
+    # A missing stage names the command that makes it; a missing data file, the command that downloads it; a damaged
+    # final/ the command that rewrites it.
+    except (ConfigError, DataFormatError, FileNotFoundError, MissingStageError, ResultsFileError,
+            CheckpointUnreadable) as e:
         print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(REFUSED) from None
+    except OSError as e:  # a full disk while writing the results: one line, exit code 75 (core/exit_codes.py)
+        if no_space_error(e) is None:
+            raise
+        print(f"error: {no_space_message(e, '.')}", file=sys.stderr)
+        raise SystemExit(NO_SPACE) from None
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ page is one standalone HTML file (images inlined as PNG data, no network assets)
 to a JSONL file beside it (images left out).
 
 The OCR decoder is stage sft's dual-branch decoder when sft trained one, else the codebook stage's
-(`dlr_jax.stages.codebook.models.load_decoder`). A `--question` has no gold: its row shows no gold
+(`dlr_jax.stages.codebook.models.load_decoder`); on a DeepSeek-OCR-2 codebook that is the fine-tuned OCR-2
+decoder, decoding with its KV cache. A `--question` has no gold: its row shows no gold
 image or answer and no correctness.
 """
 

@@ -9,9 +9,12 @@ The paper's comparisons as one resumable command. Experiments:
   no_rl              DLR-Full vs DLR-SFT
   no_process_reward  latent GRPO with rl.process_weight=0
   forced_stop        DLR-Full with </latent> forced after n latents (--force-stops, default 2,4,6,8)
-  k_sweep            codebook size K (--k-values; default K/4, K, 4K of the config), codebook onwards per K
+  k_sweep            codebook size K (--k-values; default the paper's grid 2.5K, 5K, 10K, 20K, 40K as K/4, K/2,
+                     K, 2K, 4K of the config), codebook onwards per K; k_sweep.png
   half_font          CoTs rendered at half the font size (smaller canvas, fewer visual tokens N)
-  ablations          all of the above ablations in one table
+  ablations          all of the above ablations in one table (and w/o SFT: RL right after align)
+  stages             the paper's stage table: -Align, -SFT (RL right after align), -RL, -Proc, Full
+  decoding           the paper's decoding table: dynamic vs </latent> forced after n in 4, 6, 8, 10 latents
   levers             the small-scale levers against main's DLR-SFT, one change each: align x4, the sft dual
                      branch off / weight x4, d_c x4, a larger canvas (more visual tokens N), width x2 and
                      depth x2 (these two with their own Direct-SFT / CoT-SFT); RL on top is main's DLR-Full,
@@ -19,7 +22,9 @@ The paper's comparisons as one resumable command. Experiments:
 
 Layout: W/seed<s>/<variant>/ is an ordinary dlr_jax workdir per training seed and variant
 (`main` runs every stage; other variants link the stages they share with it and run the rest);
-W/NAME/ holds results.json, table.md, the PNG plots and logs/ (one log per stage command).
+W/NAME/ holds results.json, table.md, the PNG plots and logs/ (one log per stage command). stages, k_sweep
+and decoding print their table in the paper's layout too (each benchmark's Acc. and #L, then the average), with
+the paper's numbers beside ours where dlr_jax/experiments/paper_numbers.py has them for the config's backbone.
 Each stage runs as `python -m dlr_jax.train ...` / `python -m dlr_jax.evaluate ...` in a subprocess;
 a command is skipped once its outputs exist and a stopped stage resumes, so rerunning the same
 command continues where it stopped. `--dry-run` prints every command (and whether it is done).
@@ -64,8 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config (default configs/tiny.yaml)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every stage (repeatable), e.g. latent.source=codebook")
-    p.add_argument("--k-values", type=_ints, help="K sweep values, e.g. 128,512,2048 (the config's K is added)")
-    p.add_argument("--force-stops", type=_ints, default=[2, 4, 6, 8], help="forced-stop n values (2,4,6,8)")
+    p.add_argument("--k-values", type=_ints, help="K sweep values, e.g. 128,512,2048 (the config's K is added; "
+                                                 "default the paper's grid around the config's K: K/4, K/2, K, 2K, 4K)")
+    p.add_argument("--force-stops", type=_ints,
+                   help="forced-stop n values (default: the paper's 4,6,8,10 for decoding, 2,4,6,8 for forced_stop)")
     p.add_argument("--matched-baselines", action="store_true",
                    help="main only: also train Direct-SFT and CoT-SFT on as many examples as DLR-SFT's model "
                         "saw (CoT-SFT + align + SFT), two more rows and the gap between them; without it "

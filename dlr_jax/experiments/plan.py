@@ -123,7 +123,18 @@ def _holds(results: Path, benchmarks: Sequence[str]) -> bool:
 
 
 EXPERIMENTS = ("main", "no_align", "no_rl", "no_process_reward", "forced_stop", "k_sweep", "half_font", "ablations",
-               "levers")
+               "levers", "stages", "decoding")
+# The paper's tables, each printed in its layout (benchmarks' Acc. and #L, then their average; report.py):
+# `stages` its stage ablation (-Align, -SFT, -RL, -Proc, Full), `k_sweep` its codebook sizes, `decoding` its
+# dynamic vs forced-stop decoding.
+PAPER_TABLES = ("stages", "k_sweep", "decoding")
+# Forced stops: the paper's decoding table stops after n in {4, 6, 8, 10} latents; forced_stop keeps its own
+# smaller defaults (tiny configs' CoTs have 4 codes).
+PAPER_FORCE_STOPS = (4, 6, 8, 10)
+DEFAULT_FORCE_STOPS = (2, 4, 6, 8)
+# The paper's codebook sizes {2.5K, 5K, 10K, 20K, 40K} around its K = 10K, as multiples of the config's K.
+K_GRID = (0.25, 0.5, 1, 2, 4)
+STAGE_ROWS = ("−Align", "−SFT", "−RL", "−Proc")  # the stage table's ablation rows; its last row is DLR-Full
 
 
 def codebook_stages(cfg: Config) -> tuple[str, ...]:
@@ -288,18 +299,21 @@ def _levers(cfg: Config) -> tuple[tuple[Variant, ...], tuple[Method, ...]]:
 
 
 def k_values(cfg: Config, given: Sequence[int] | None) -> tuple[int, ...]:
-    """The K sweep: the config's K and K/4, 4K unless given; always including the config's K (that
-    point is the main run's DLR-Full)."""
+    """The K sweep: the paper's grid scaled to the config's K (K/4, K/2, K, 2K, 4K: 2.5K ... 40K at K = 10K)
+    unless given; always including the config's K (that point is the main run's DLR-Full)."""
     k = cfg.latent.num_latents
-    vals = set(given) if given else {max(2, k // 4), k, 4 * k}
+    vals = set(given) if given else {max(2, round(k * f)) for f in K_GRID}
     vals.add(k)
     return tuple(sorted(vals))
 
 
 def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
-               force_stops: Sequence[int] = (2, 4, 6, 8), matched: bool = False) -> Experiment:
+               force_stops: Sequence[int] | None = None, matched: bool = False) -> Experiment:
     """The variants and table rows of experiment `name` (see EXPERIMENTS) for the resolved config;
-    `matched` (main only) adds the text baselines retrained on DLR-SFT's budget (`matched_variant`)."""
+    `matched` (main only) adds the text baselines retrained on DLR-SFT's budget (`matched_variant`).
+    force_stops: None = the paper's (4, 6, 8, 10) for `decoding`, (2, 4, 6, 8) for the others."""
+    if not force_stops:
+        force_stops = PAPER_FORCE_STOPS if name == "decoding" else DEFAULT_FORCE_STOPS
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
     if matched and name != "main":
@@ -337,6 +351,13 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
                                                "train.align.num_epochs=0", "train.align.warmup_ratio=0.0"),
                                   runs=("align", "sft", "rl"), reuse=("textsft", *cb)),),
                          (Method("w/o align", "no_align", "rl"),))
+    # w/o SFT (RL straight after align): sft trains 1 step at learning rate 0 (the no_align trick), so its output
+    # is align's latent LM (and, with the dual branch, the codebook stage's OCR decoder unchanged), which rl starts
+    # from and keeps as its KL reference
+    parts["no_sft"] = ((Variant("no_sft", ("train.sft.learning_rate=0.0", "train.sft.num_steps=1",
+                                           "train.sft.num_epochs=0", "train.sft.warmup_ratio=0.0"),
+                                runs=("sft", "rl"), reuse=("textsft", *cb, "align")),),
+                       (Method("w/o SFT (RL after align)", "no_sft", "rl"),))
     parts["no_rl"] = ((), (Method("w/o RL (= DLR-SFT)", "main", "sft"),))
     parts["no_process_reward"] = ((Variant("no_process_reward", ("rl.process_weight=0.0",), runs=("rl",),
                                            reuse=("textsft", *cb, "align", "sft")),),
@@ -356,6 +377,17 @@ def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
     elif name in ("half_font", "ablations"):
         if name == "half_font":
             raise ValueError("half_font changes the rendering of the codebook stage: it needs latent.source=codebook")
+    if name == "stages":  # the paper's stage table: its rows, in its order, then Full
+        rows = ((parts["no_align"], STAGE_ROWS[0]), (parts["no_sft"], STAGE_ROWS[1]), (parts["no_rl"], STAGE_ROWS[2]),
+                (parts["no_process_reward"], STAGE_ROWS[3]))
+        variants_s = [main, *(v for (vs, _), _ in rows for v in vs)]
+        methods_s = [dataclasses.replace(ms[0], label=label) for (_, ms), label in rows]
+        return Experiment("stages", "the paper's stage ablation: DLR-Full without align, without SFT (RL right after "
+                          "align), without RL, without the process reward", tuple(variants_s),
+                          (*methods_s, full))
+    if name == "decoding":  # dynamic decoding (the model closes </latent> itself) vs the paper's forced stops
+        return Experiment("decoding", f"DLR-Full decoding dynamically vs </latent> forced after n in "
+                          f"{list(force_stops)} latents", (main,), (full, *parts["forced_stop"][1]))
     chosen = [n for n in parts if name in (n, "ablations")]
     variants: list[Variant] = [main]
     methods: list[Method] = [full]

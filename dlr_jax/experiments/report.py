@@ -18,7 +18,8 @@ import yaml
 
 from dlr_jax.config import to_dict
 from dlr_jax.core.machine import cpu_model
-from dlr_jax.experiments.plan import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT, Experiment, Method
+from dlr_jax.experiments.paper_numbers import paper_rows
+from dlr_jax.experiments.plan import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT, PAPER_TABLES, Experiment, Method
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
 from dlr_jax.run.workdir import final_dir, stage_dir, workdir_config
@@ -341,7 +342,69 @@ def build(exp: Experiment, *, root: Path, seeds: Sequence[int], command: str, co
         results["dlr_sft_vs_direct_from_cot"] = {
             b: d for b in summary if (d := paired_difference(per_seed, b, "DLR-SFT", DIRECT_FROM_COT)) is not None}
     results["cost"] = {b: cost(t, exp.methods) for b, t in summary.items()}
+    if exp.name in PAPER_TABLES:
+        results["paper_layout"] = paper_layout(exp, per_seed, summary, backbone=Path(config).stem)
     return results
+
+
+# The benchmarks as the paper's tables name them.
+BENCH_NAMES = {"gsm8k": "GSM8K", "gsm_hard": "GSM-Hard", "svamp": "SVAMP", "multiarith": "MultiArith",
+               "math500": "MATH-500"}
+
+
+def paper_layout(exp: Experiment, per_seed: Mapping[str, Mapping[int, Any]], summary: Mapping[str, Any], *,
+                 backbone: str) -> dict[str, Any]:
+    """The table as the paper lays it out: per row, each benchmark's Acc. (Pass@1) and #L (mean ± std over
+    training seeds), then their average over the benchmarks (per seed, over the seeds that have every benchmark),
+    and the paper's own cells for this backbone where `paper_numbers` has them."""
+    benches = list(summary)
+    paper = paper_rows(exp.name, backbone)
+    rows = []
+    for m in exp.methods:
+        cells = {b: {k: summary[b][m.label][k] for k in ("pass_at_1", "L") if k in summary[b].get(m.label, {})}
+                 for b in benches if m.label in summary[b]}
+        avg: dict[str, Any] = {}
+        for k in ("pass_at_1", "L"):
+            vals = [sum(r[b][k] for b in benches) / len(benches) for r in per_seed[m.label].values()
+                    if r and benches and all(b in r and k in r[b] for b in benches)]
+            if vals:
+                mu, sd = mean_std(vals)
+                avg[k] = {"mean": mu, "std": sd, "per_seed": vals}
+        mine = dict((paper or {}).get(m.label, {}))
+        if mine and all(b in mine and None not in mine[b] for b in benches):
+            mine["avg"] = tuple(sum(mine[b][i] for b in benches) / len(benches) for i in (0, 1))
+        rows.append({"label": m.label, "cells": cells, "avg": avg, "paper": mine or None})
+    return {"benchmarks": benches, "backbone": backbone, "paper_on_record": paper is not None, "rows": rows}
+
+
+def _cell(x: Any, scale: float, digits: int) -> str:
+    return f"{scale * x['mean']:.{digits}f} ± {scale * x['std']:.{digits}f}" if x else "—"
+
+
+def _paper_cell(c: Any) -> str:
+    if not c:
+        return "—"
+    return " / ".join("—" if v is None else f"{v:g}" for v in c)
+
+
+def paper_markdown(layout: Mapping[str, Any]) -> list[str]:
+    benches = layout["benchmarks"]
+    names = [BENCH_NAMES.get(b, b) for b in benches]
+    head = ["method", *(f"{n} {w}" for n in names for w in ("Acc.", "#L")), "Avg. Acc.", "Avg. #L",
+            *(f"paper {n} (Acc. / #L)" for n in names), "paper Avg. (Acc. / #L)"]
+    src = (f"the paper's cells for backbone `{layout['backbone']}`" if layout["paper_on_record"] else
+           f"none on record for backbone `{layout['backbone']}` (dlr_jax/experiments/paper_numbers.py): left empty")
+    lines = ["In the paper's layout: Acc. = Pass@1 (%), #L = latent tokens generated, mean ± std over training "
+             f"seeds; Avg. = the mean over the {len(benches)} benchmark(s), per seed. Paper columns: {src}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in layout["rows"]:
+        ours = [c for b in benches for c in (_cell(r["cells"].get(b, {}).get("pass_at_1"), 100, 1),
+                                             _cell(r["cells"].get(b, {}).get("L"), 1, 2))]
+        paper = r["paper"] or {}
+        lines.append("| " + " | ".join([r["label"], *ours, _cell(r["avg"].get("pass_at_1"), 100, 1),
+                                        _cell(r["avg"].get("L"), 1, 2), *(_paper_cell(paper.get(b)) for b in benches),
+                                        _paper_cell(paper.get("avg"))]) + " |")
+    return [*lines, ""]
 
 
 def _pm(x: Mapping[str, Any] | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -373,6 +436,8 @@ def markdown(results: Mapping[str, Any]) -> str:
                                      f"{m['date']}")
     own = {m["label"]: " → ".join(m["baselines"]) for m in results["methods"]  # rows with baselines of their own
            if m.get("baselines", ["Direct-SFT"])[0] != "Direct-SFT"}
+    if layout := results.get("paper_layout"):
+        lines += paper_markdown(layout)
     for b, table in results["summary"].items():
         lines += [f"Benchmark `{b}`; Pass@1 mean ± std over training seeds (population std), p = paired t-test "
                   f"vs {full} over seeds.", "",

@@ -44,14 +44,13 @@ from dlr_jax.models.transformer import KVCache
 _STOP_SLOTS = 8  # stop-id arrays are padded to a multiple of this, so their count rarely recompiles
 
 # XLA:CPU hands dots to YNNPACK by default, fused with their neighbours. For the prefill and teacher-
-# forced scoring (many rows) XLA's own (Eigen) dot kernels are 1.06-1.11x faster than those fusions and
-# 1.08-1.16x faster than YNNPACK's individual dots, with the same tokens (BENCHMARKS, sampling).
+# forced scoring (many rows) XLA's own (Eigen) dot kernels beat both those fusions and YNNPACK's individual
+# dots, with the same tokens (BENCHMARKS.md, section "Greedy sampling"; `python -m dlr_jax.bench --only sampling`).
 # Training keeps the default (no difference there). CPU only; options of the pinned jaxlib.
 CPU_SAMPLER_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # The decode loop's matmuls are skinny (a few rows, every weight read once per token). There YNNPACK
 # taking each dot on its own, unfused, with the weights out-major (`attention.OutMajor`), streams them
-# fastest: the step 1.33x faster than Eigen's kernels on the usual layout (32 -> 24 ms on the sampling
-# benchmark's model; YNNPACK dots alone 1.15x, out-major on Eigen alone ~1.05x), same greedy tokens.
+# fastest, faster than either change alone, with the same greedy tokens (the same benchmark).
 # Measured with the layers unstacked (`unstack_layers`, the CPU default); a layer scan keeps
 # CPU_SAMPLER_OPTIONS.
 CPU_DECODE_OPTIONS: dict[str, Any] = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}

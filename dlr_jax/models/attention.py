@@ -96,10 +96,10 @@ def attention(
 @dataclasses.dataclass(frozen=True)
 class OutMajor:
     """A projection weight stored output dims first, [*out, *in] (PyTorch's layout), which `dense`
-    multiplies as `wt @ x^T` for the few rows of a CPU decode step. Why: over weights that are not in
-    cache, XLA:CPU's Eigen dot kernels stream the MLP's [16, k] @ [k, n] matmuls at 6.8-8.5 GB/s and the
-    same products as [n, k] @ [k, 16] at 10.1-11.4 GB/s; YNNPACK's individual dots, which the CPU decode
-    loop uses, gain as well (7.2-7.5 against 8.7-14.6 GB/s; BENCHMARKS, sampling).
+    multiplies as `wt @ x^T` for the few rows of a CPU decode step. Why: a decode step is bound by streaming
+    weights that are not in cache, and XLA:CPU's dot kernels (Eigen's, and YNNPACK's individual dots, which
+    the CPU decode loop uses) stream a skinny product faster as [n, k] @ [k, rows] than as [rows, k] @ [k, n]
+    (BENCHMARKS.md, section "Greedy sampling"; `python -m dlr_jax.bench --only sampling`).
     `n_in`: how many trailing dims of `wt` are contracted."""
 
     wt: Float[Array, "*out_in"]
@@ -121,7 +121,7 @@ def _dense_out_major(x: Float[Array, "*lead k"], w: OutMajor, out_dtype: Any) ->
     out = w.wt.shape[: w.wt.ndim - w.n_in]
     k = math.prod(inner)
     # The barriers pin both small transposes: without them XLA's simplifier turns (wt @ x^T)^T back
-    # into x @ wt^T, the slowest form of all on XLA:CPU (a transposed weight operand: ~2 GB/s).
+    # into x @ wt^T, the slowest form of all on XLA:CPU (a transposed weight operand).
     barrier = jax.lax.optimization_barrier
     y = jnp.dot(w.wt.reshape(-1, k), barrier(x.reshape(-1, k).T), preferred_element_type=out_dtype)
     return barrier(y).T.reshape(*lead, *out)

@@ -1,4 +1,4 @@
-"""The codebook-construction network of DESIGN §1 as one NNX module, and greedy OCR decoding.
+"""The paper's codebook-construction network as one NNX module, and greedy OCR decoding.
 
     image [b, L, L] uint8 --Encoder (SAM ViT, neck, 16x compressor, causal flow)--> H [b, N, d_c]
       --VectorQuantizer (nearest code; noise while training; straight-through)--> H_st [b, N, d_c]
@@ -174,8 +174,8 @@ class CodebookModel(nnx.Module):
 
 
 def init_rngs(seed: int) -> nnx.Rngs:
-    """Init RNG streams on the `rbg` PRNG: compiling threefry for the ~70 tensors of the three
-    networks took 4x longer than the init itself is worth on a CPU (17 s vs 5 s)."""
+    """Init RNG streams on the `rbg` PRNG: on a CPU, compiling threefry for the ~70 tensors of the three
+    networks costs several times what the init itself is worth."""
     return nnx.Rngs(params=jax.random.key(seed, impl="rbg"))
 
 

@@ -1,11 +1,11 @@
-"""Stage sft's dual branch (DESIGN §3): the OCR decoder keeps learning to read the CoT y back from
+"""Stage sft's dual branch: the OCR decoder keeps learning to read the CoT y back from
 the latent input rows the LM consumes, behind a stop-gradient.
 
     z --LatentLM.embed_latents--> E_lat(z) = P_in(C[z])  [n, d_model]
       --stop_gradient--> --prefix_proj W [d_model, d_dec]--> [W E ; <bos> y] --char decoder--> y
 
-The decoder reads E_lat, not C[z] through the codebook stage's own d_c projection, because DESIGN
-asks for the rows the LM actually sees: with the codebook and P_in both training in sft, the branch
+The decoder reads E_lat, not C[z] through the codebook stage's own d_c projection, because the
+branch is to read the rows the LM actually sees: with the codebook and P_in both training in sft, the branch
 follows the LM's latent inputs. Since E_lat is affine in C[z] the information is the same; what
 changes is only which drift the decoder has to track.
 
@@ -174,10 +174,13 @@ class DualBranchLM(nnx.Module):
         k = self.lm.latent_cfg.num_latents
         return self.lm.embed_latents(jnp.arange(k, dtype=jnp.int32)[None])[0].astype(jnp.float32)
 
-    def decoder_for_decoding(self) -> OCRBranch:
+    def decoder_for_decoding(self) -> Any:
         """The trained branch with the current rows E_lat(k) frozen in: what later stages decode
-        code ids with (shares the decoder and projection; no copy)."""
+        code ids with (shares the decoder and projection; no copy). An OCR-2 branch
+        (`ocr2_branch.Ocr2Branch`) gives its `Ocr2CodeDecoder`."""
         o = self.ocr
+        if hasattr(o, "for_decoding"):
+            return o.for_decoding(self.code_rows())
         return OCRBranch(o.cfg, o.feature_dim, rngs=nnx.Rngs(0), decoder=o.decoder, prefix_proj=o.prefix_proj[...],
                          code_rows=self.code_rows())
 

@@ -1,4 +1,4 @@
-"""A decoder-only backbone plus K latent vocabulary rows built from the VQ codebook (DESIGN.md §3).
+"""A decoder-only backbone plus K latent vocabulary rows built from the VQ codebook (the paper's augmented LM).
 
 Id layout (one softmax over all of it; `dlr_jax.text.tokens.Tokenizer` produces the same layout):
 

@@ -11,6 +11,20 @@ The query table is the 144-row one (`query_768_resolution`) when nv <= 144, else
 has nv = nq at 768 / 1024 px). Local crops (`pixel_values_local`) are not modelled: the codebook stage
 renders one global view.
 
+Per-CoT canvases (the paper: side L = the smallest multiple of 64 that holds the CoT, N = (L/64)^2 codes)
+give nv = N that is neither 144 nor 256: the codebook network runs the first N rows of the table
+(`flow_features(n_queries=nv)`). Which table: the one the released model itself picks for nv visual tokens
+(transformers' `DeepseekOcr2VisionModel.forward`: `query_768_resolution` when nv <= 144), so a 64-px canvas
+(nv = 1) reads row 0, a 128-px one (nv = 4) rows 0-3 and a 768-px one (nv = 144) all of
+`query_768_resolution`; 832 px and up (nv >= 169) read the first nv rows of `query_1024_resolution`. Why the
+first rows: the queries are a causal sequence (query i attends to the visual tokens and queries 0..i only),
+so the first N outputs of a run over the whole table are exactly those of a run over its first N rows; no
+other subset of rows is an output the pretrained model produces. The rows are learnt as a 1-D reading
+order, not a 12 x 12 / 16 x 16 grid laid over the image (each query attends to every visual token; the
+grid sizes only fix the counts). The real checkpoint's weights were not available where this was written,
+so that the first rows read well at small N rests on this structure and on fine-tuning the codebook
+stage, which trains the rows it uses.
+
 `quantize` (codebook stage) is applied to H (the causal-flow output, the paper's VQ point) or to the
 projector output (the authors' released code), see `image_embeddings`.
 """

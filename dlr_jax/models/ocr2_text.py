@@ -6,6 +6,11 @@ the MoE MLP of models/moe.py where it is "sparse".
 Attention weights are stacked over all layers; dense-MLP weights over the dense layers and MoE weights
 over the sparse layers. The forward scans each maximal run of same-type layers (the real model is one
 dense layer then 11 sparse ones: two scans), so compile time does not grow with depth.
+
+Decoding: `init_cache` / `trunk_cached` / `forward_cached` are the interface `generate.sampler.Sampler` drives
+(jitted prefill, then a `while_loop` over one token a step, KV cache [layers, b, kv, s, hd]); the image
+prefix goes in as embedding rows (`ocr2_reader.Ocr2Reader`). Greedy tokens equal transformers' `generate`
+(tests/models/test_ocr2.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dlr_jax.models.moe import MoeConfig, MoeLayers, moe_forward
 from dlr_jax.models.rope import apply_rope, rope_inv_freq
 from dlr_jax.models.transformer import (
     LAYER_PARAM_AXES,
+    KVCache,
     attention,
     causal_mask,
     default_segments_positions,
@@ -72,9 +78,13 @@ class Ocr2TextConfig:
 
 def attention_block(
     cfg: ModelConfig, p: dict[str, jax.Array], x: Float[Array, "b t d"], positions: Int[Array, "b t"],
-    mask: Bool[Array, "b t s"], inv_freq: jax.Array,
-) -> Float[Array, "b t d"]:
-    """x + o_proj(attn(rope(q), rope(k), v)) with pre-RMSNorm."""
+    mask: Bool[Array, "b t s"], inv_freq: jax.Array, kv: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    cache_index: jax.Array | None = None,
+) -> tuple[Float[Array, "b t d"], tuple[jax.Array, jax.Array] | None]:
+    """x + o_proj(attn(rope(q), rope(k), v)) with pre-RMSNorm, and the updated caches. `kv` = (the whole K
+    cache, the whole V cache [layers, b, kv, s, hd], this layer's index): the new keys and values are
+    written at `cache_index` in this layer's rows and attention reads the layer's whole cache, as
+    `transformer.layer_forward` does."""
     dt = x.dtype
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)
     q = dense(h, p["q_proj"].astype(dt))
@@ -82,9 +92,20 @@ def attention_block(
     v = dense(h, p["v_proj"].astype(dt))
     q = constrain(apply_rope(q, positions, inv_freq), ("batch", "length", "act_heads", None))
     k = constrain(apply_rope(k, positions, inv_freq), ("batch", "length", "act_kv_heads", None))
-    out = attention(q, k, v, mask, cfg.attention)
+    new_kv = None
+    if kv is None:
+        out = attention(q, k, v, mask, cfg.attention)
+    else:
+        ck, cv, layer = kv
+        at = (layer, 0, 0, cache_index, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
+        cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
+        new_kv = (ck, cv)
+        k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
+        v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
+        out = attention(q, k, v, mask, cfg.attention, kv_heads_major=True)
     x = x + dense(out, p["o_proj"].astype(dt), contract=2)
-    return constrain(x, ("batch", "length", "act_embed"))
+    return constrain(x, ("batch", "length", "act_embed")), new_kv
 
 
 def dense_mlp(p: dict[str, jax.Array], h: Float[Array, "b t d"]) -> Float[Array, "b t d"]:
@@ -130,31 +151,76 @@ class Ocr2TextModel(nnx.Module):
         self, x: Float[Array, "b t d"], positions: Int[Array, "b t"], mask: Bool[Array, "b t s"]
     ) -> tuple[Float[Array, "b t d"], Float[Array, ""]]:
         """Final-normed hidden states and the mean MoE load-balancing loss over sparse layers."""
+        h, aux, _ = self._layers(x, positions, mask)
+        return h, aux
+
+    def _layers(
+        self, x: Float[Array, "b t d"], positions: Int[Array, "b t"], mask: Bool[Array, "b t s"],
+        cache: KVCache | None = None,
+    ) -> tuple[Float[Array, "b t d"], Float[Array, ""], KVCache | None]:
+        """(final-normed hidden states, mean load-balancing loss, the cache with this block written). With a
+        cache, every run of same-type layers scans its layers carrying the whole cache, so each layer
+        writes its own rows in place (`attention_block`)."""
         cfg, b = self.cfg, self.cfg.base
         inv_freq = rope_inv_freq(b)
         attn = {n: getattr(self, n)[...] for n in ATTN_NAMES}
         dense = {n: getattr(self, n)[...] for n in DENSE_NAMES}
         moe = self.moe.arrays()
         aux = jnp.zeros((), jnp.float32)
+        ck, cv = (None, None) if cache is None else (cache.k, cache.v)
+        index = None if cache is None else cache.index
         for kind, start, end, off in cfg.runs:
             mlp_p = dense if kind == "dense" else moe
-            xs = ({n: a[start:end] for n, a in attn.items()}, {n: a[off:off + end - start] for n, a in mlp_p.items()})
+            xs = ({n: a[start:end] for n, a in attn.items()}, {n: a[off:off + end - start] for n, a in mlp_p.items()},
+                  jnp.arange(start, end))
 
             def body(carry, ps, kind=kind):
-                y, acc = carry
-                pa, pm = ps
-                y = attention_block(b, pa, y, positions, mask, inv_freq)
+                y, acc, ck, cv = carry
+                pa, pm, layer = ps
+                kv = None if ck is None else (ck, cv, layer)
+                y, new_kv = attention_block(b, pa, y, positions, mask, inv_freq, kv, index)
+                if new_kv is not None:
+                    ck, cv = new_kv
                 h = rms_norm(y, pa["mlp_norm"], b.rms_norm_eps)
                 if kind == "dense":
                     out, lb = dense_mlp(pm, h), jnp.zeros((), jnp.float32)
                 else:
                     out, lb = moe_forward(cfg.moe, pm, h)
                 y = constrain(y + out, ("batch", "length", "act_embed"))
-                return (y, acc + lb), None
+                return (y, acc + lb, ck, cv), None
 
-            (x, aux), _ = jax.lax.scan(remat_fn(body, b.remat), (x, aux), xs)
+            (x, aux, ck, cv), _ = jax.lax.scan(remat_fn(body, b.remat), (x, aux, ck, cv), xs)
         n_sparse = max(cfg.count("sparse"), 1)
-        return rms_norm(x, self.final_norm[...], b.rms_norm_eps), aux / n_sparse
+        h = rms_norm(x, self.final_norm[...], b.rms_norm_eps)
+        return h, aux / n_sparse, None if cache is None else cache._replace(k=ck, v=cv)
+
+    # -- decoding (the interface `generate.sampler.Sampler` drives, as `Transformer`'s) ------------------
+    def init_cache(self, batch: int, max_len: int, dtype: str | None = None) -> KVCache:
+        b = self.cfg.base
+        shape = (b.num_layers, batch, b.num_kv_heads, max_len, b.head_dim)
+        dt = jnp.dtype(dtype or b.dtype)
+        return KVCache(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt), valid=jnp.zeros((batch, max_len), bool),
+                       index=jnp.zeros((), jnp.int32))
+
+    def trunk_cached(
+        self, x: Float[Array, "b t d"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"], cache: KVCache
+    ) -> tuple[Float[Array, "b t d"], KVCache]:
+        """A block of T embedded tokens (a prefill, or one decode step) through the cache: slots are shared
+        across the batch (prompts left-padded), `token_mask` marks the real ones."""
+        t = x.shape[1]
+        valid = jax.lax.dynamic_update_slice(cache.valid, token_mask.astype(bool), (0, cache.index))
+        slot = jnp.arange(valid.shape[1])[None, None, :]
+        mask = (slot <= cache.index + jnp.arange(t)[None, :, None]) & valid[:, None, :]
+        h, _, cache = self._layers(x, positions, mask, cache._replace(valid=valid))
+        return h, cache._replace(index=cache.index + t)
+
+    def forward_cached(
+        self, input_ids: Int[Array, "b t"], positions: Int[Array, "b t"], token_mask: Bool[Array, "b t"],
+        cache: KVCache, inputs_embeds: Float[Array, "b t d"] | None = None,
+    ) -> tuple[Float[Array, "b t v"], KVCache]:
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        h, cache = self.trunk_cached(x, positions, token_mask, cache)
+        return self.logits_from_hidden(h), cache
 
     def hidden_states(
         self,

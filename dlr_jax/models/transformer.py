@@ -232,8 +232,8 @@ def run_layers(
         if loops_layers(cfg, n_layers):
             # The scan's backward needs each layer's residuals stacked [layers, ...], and XLA:CPU
             # zero-fills those buffers every step before writing them (`wrapped_broadcast`); a loop keeps
-            # them as separate arrays. Measured: a tiny.yaml SFT gradient 1.19x faster, 8 x d512 1.11x
-            # (the codebook's ViT, 3 blocks in models/vision.py, gained nothing: it keeps its scan).
+            # them as separate arrays, and SFT gradients of 2-8 layers run faster (BENCHMARKS.md, section
+            # "SFT train step"); the codebook's ViT, 3 blocks in models/vision.py, gained nothing: it keeps its scan.
             layer = remat_fn(body, cfg.remat)
             for p in split_layers(layer_params, n_layers):
                 x, _ = layer(x, p)

@@ -47,7 +47,7 @@ def _stats(model: Any, h: jax.Array, targets: jax.Array, vocab_mask: Any, fill: 
     lse = jax.nn.logsumexp(logits, axis=-1)
     tgt = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     # a hit: the target's logit is the largest. Not argmax == target: XLA:CPU runs argmax as a (value, index)
-    # reduce over the vocabulary, ~4 % of the tiny config's SFT step, where a max is shared with the logsumexp;
+    # reduce over the vocabulary, one more pass over the logits, where a max is shared with the logsumexp;
     # they differ only on exact ties, which this counts as hits (a -inf, i.e. masked, target never is).
     out = (tgt - lse, (jnp.isfinite(tgt) & (tgt >= jnp.max(logits, axis=-1))).astype(jnp.float32))
     if entropy:  # reported only: no gradient (and none of 0 * -inf on masked rows)

@@ -14,7 +14,9 @@ arguments + outputs - aliased + temporaries, against the HBM), the step's FLOPs 
 with every loop body times its trip count, `dlr_jax.plan.flops`: XLA's cost analysis counts a `while`
 body once, and is shown beside it), bytes accessed (XLA), tokens per step, a roofline step time
 (max of FLOPs / peak and bytes / bandwidth) with the MFU it implies, and for the recipe's data size
-the stage's total FLOPs next to the paper's figure. `--search` tries remat policies, micro-batches
+the stage's total FLOPs next to the paper's figure: in padded rows (one example a row) and, for align and sft,
+in packed rows too, from the configured data's measured sequence lengths (read once and cached,
+`dlr_jax.plan.lengths`; `--refresh-lengths`, `--no-lengths`). `--search` tries remat policies, micro-batches
 (grad_accum) and mesh shapes of the same device count and reports the fastest plan that fits.
 `--json` prints one JSON object per plan.
 """
@@ -38,6 +40,7 @@ from dlr_jax.core.sharding import MESH_AXES, parse_mesh_spec, use_mesh
 from dlr_jax.models.hf_config import ConversionError
 from dlr_jax.plan.buffers import largest_values
 from dlr_jax.plan.flops import FlopCount, count_jaxpr
+from dlr_jax.plan.lengths import Lengths
 from dlr_jax.plan.programs import BOUNDARY_TOKENS as BOUNDARY_TOKENS  # noqa: F401 - public: plan.BOUNDARY_TOKENS
 from dlr_jax.plan.programs import STAGES, Program, build_program, latent_lm_abstract
 from dlr_jax.plan.targets import TARGETS, Target, TargetUnavailable, target_mesh
@@ -48,6 +51,37 @@ PAPER_TOTAL_FLOPS = {"codebook": 780e15, "align": 208e15, "sft": 325e15, "rl": 1
 
 # ----------------------------------------------------------------------------------------------
 # Compile, measure, estimate.
+
+
+MEMORY_KEYS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "generated_code_bytes", "peak_bytes")
+
+
+def device_estimate(compiled: Any, per_dev_flops: float, target: Target, *, cost: bool = True) -> dict[str, Any]:
+    """What a plan says of one compiled program on `target`: XLA's buffer assignment per device (`MEMORY_KEYS`;
+    peak = arguments + outputs - aliased + temporaries) against the HBM, and the roofline step time (max of
+    FLOPs / peak FLOP/s and bytes / bandwidth) with the MFU it implies. `per_dev_flops`: the program's counted
+    FLOPs per device (`plan.flops`). `cost`: read XLA's cost analysis for the bytes (else a lower bound)."""
+    mem = _memory(compiled)
+    xla = _xla_cost(compiled) if cost else {}
+    out: dict[str, Any] = {**mem, **xla}
+    if mem:
+        out["hbm_bytes"] = target.hbm_bytes
+        out["fits"] = bool(mem["peak_bytes"] <= target.hbm_bytes)
+    if math.isfinite(target.peak_flops):
+        t_compute = per_dev_flops / target.peak_flops
+        bytes_dev, source = xla.get("xla_bytes_accessed"), "xla cost analysis, loop bodies scaled like its FLOPs"
+        if bytes_dev and xla.get("xla_flops_loop_bodies_once"):
+            # XLA's bytes count loop bodies once too: scale by the same factor as its FLOPs
+            bytes_dev *= max(1.0, per_dev_flops / max(xla["xla_flops_loop_bodies_once"], 1.0))
+        elif mem:  # no cost analysis for deviceless GPU: every buffer moved at least once
+            bytes_dev = mem["argument_bytes"] + mem["output_bytes"] + 2 * mem["temp_bytes"]
+            source = "lower bound: arguments + outputs + 2 x temporaries (no XLA cost analysis for this target)"
+        t_memory = (bytes_dev or 0.0) / target.hbm_bandwidth
+        t = max(t_compute, t_memory)
+        out |= {"bytes_per_device": bytes_dev, "bytes_source": source, "roofline_step_s": t,
+                "roofline_bound": "compute" if t_compute >= t_memory else "memory",
+                "roofline_mfu": t_compute / t if t > 0 else None}
+    return out
 
 
 def _memory(compiled: Any) -> dict[str, float]:
@@ -128,7 +162,10 @@ def _compile(lowered: Any, target: Target) -> tuple[Any, str | None]:
     return compiled, TRITON_FALLBACK_NOTE.format(where=_gemm_source(str(first)))
 
 
-def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int]) -> dict[str, Any]:
+def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int],
+              lengths: Lengths | None = None) -> dict[str, Any]:
+    """One plan (see the module docstring). `lengths`: the stage's measured sequence lengths
+    (`plan.lengths.stage_lengths`), for its packed totals beside the padded ones."""
     mesh = target_mesh(target, mesh_shape)
     with use_mesh(mesh):
         prog = build_program(cfg, stage, mesh)
@@ -139,16 +176,17 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         jaxpr = jax.make_jaxpr(prog.pure, static_argnums=static)(*prog.args)
     flops: FlopCount = count_jaxpr(jaxpr, prog.while_trips)
     n = mesh.size
-    mem = _memory(compiled)
-    xla = {} if cublas else _xla_cost(compiled)  # its FLOPs leave out the cuBLAS calls: its bytes scale wrong
     per_dev_flops = flops.total / n
+    # without cost analysis after the cuBLAS fallback: its FLOPs leave out the cuBLAS calls, its bytes scale wrong
+    est = device_estimate(compiled, per_dev_flops, target, cost=not cublas)
     out: dict[str, Any] = {
         "stage": stage, "device": target.name, "deviceless": target.deviceless, "devices": n,
         "mesh": dict(mesh_shape), "remat": cfg.codebook.remat if stage == "codebook" else cfg.model.remat,
         "grad_accum": _accum(cfg, stage),
         "tokens_per_step": prog.tokens_per_step, "notes": list(prog.notes),
         "flops_per_step": flops.total, "flops_per_device": per_dev_flops, "matmul_flops": flops.matmul,
-        "loops_counted_once": flops.unknown_loops, **mem, **xla,
+        "loops_counted_once": flops.unknown_loops,
+        **{k: v for k, v in est.items() if k in MEMORY_KEYS or k.startswith("xla_")},
     }
     if prog.mesh is not None:  # the rollout decodes on the sampling copy's own layout
         out["run_mesh"] = {k: int(v) for k, v in prog.mesh.shape.items()}
@@ -168,25 +206,8 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
         out["notes"].append(cublas)
     if target.platform == "cpu":
         out["notes"].append("CPU fake-device compile: a fallback, not a stand-in for GPU/TPU memory or speed")
-    hbm = target.hbm_bytes
-    if mem:
-        out["hbm_bytes"] = hbm
-        out["fits"] = bool(mem["peak_bytes"] <= hbm)
-    if math.isfinite(target.peak_flops):
-        t_compute = per_dev_flops / target.peak_flops
-        bytes_dev, source = xla.get("xla_bytes_accessed"), "xla cost analysis, loop bodies scaled like its FLOPs"
-        if bytes_dev and xla.get("xla_flops_loop_bodies_once"):
-            # XLA's bytes count loop bodies once too: scale by the same factor as its FLOPs
-            bytes_dev *= max(1.0, per_dev_flops / max(xla["xla_flops_loop_bodies_once"], 1.0))
-        elif mem:  # no cost analysis for deviceless GPU: every buffer moved at least once
-            bytes_dev = mem["argument_bytes"] + mem["output_bytes"] + 2 * mem["temp_bytes"]
-            source = "lower bound: arguments + outputs + 2 x temporaries (no XLA cost analysis for this target)"
-        t_memory = (bytes_dev or 0.0) / target.hbm_bandwidth
-        t = max(t_compute, t_memory)
-        out |= {"bytes_per_device": bytes_dev, "bytes_source": source, "roofline_step_s": t,
-                "roofline_bound": "compute" if t_compute >= t_memory else "memory",
-                "roofline_mfu": t_compute / t if t > 0 else None}
-    total = stage_total_flops(cfg, stage, flops.total, prog)
+    out |= {k: v for k, v in est.items() if k not in out}
+    total = stage_total_flops(cfg, stage, flops.total, prog, lengths)
     if total:
         out |= total
     return out
@@ -200,22 +221,44 @@ def _accum(cfg: Config, stage: str) -> int:
     return getattr(cfg.train, stage).grad_accum
 
 
-def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Program) -> dict[str, Any] | None:
-    """The stage's total FLOPs for the recipe's data size (paper data sizes; num_epochs), next to the paper's."""
+def corpus_size(cfg: Config) -> int | None:
+    """The codebook corpus's examples from its entries' sample sizes and the releases' counts (the paper's ~1M:
+    385,620 + 12,000 + 603,000); None when an entry's size is not on record."""
+    from dlr_jax.data.readers import BENCHMARKS
+    from dlr_jax.data.sources import CorpusEntry
+
+    total = 0
+    for spec in cfg.codebook.corpus:
+        e = CorpusEntry.parse(spec)
+        n = e.count or (BENCHMARKS[e.name].counts.get(e.split) if e.name in BENCHMARKS else None)
+        if not n:
+            return None
+        total += n
+    return total or None
+
+
+def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Program,
+                      lengths: Lengths | None = None) -> dict[str, Any] | None:
+    """The stage's total FLOPs for the recipe's data size (paper data sizes; num_epochs), next to the paper's.
+    With the stage's measured `lengths` (align, sft), also the totals of packed rows (`packed_totals`)."""
     from dlr_jax.data.protocol import rl_count
     from dlr_jax.data.readers import BENCHMARKS
 
     spec = BENCHMARKS.get(cfg.data.dataset)
     n_train = (spec.counts or {}).get(cfg.data.train_split) if spec is not None else None
+    if not n_train and cfg.data.dataset == "synthetic" and cfg.data.train_split == "train":
+        n_train = cfg.data.synthetic_train  # generated: as many as the config asks for
     if not n_train:
         return None
     n_rl = rl_count(n_train, cfg.data.rl_split)
-    if stage in ("align", "sft"):
+    if stage == "align" and cfg.data.align_part == "all":  # the paper aligns on the whole split
+        tcfg, n = cfg.train.align, n_train
+    elif stage in ("align", "sft"):
         tcfg, n = getattr(cfg.train, stage), n_train - n_rl
     elif stage in ("rl", "rollout"):
         tcfg, n = cfg.train.rl, n_rl or n_train
     else:
-        tcfg, n = cfg.codebook.train, n_train
+        tcfg, n = cfg.codebook.train, corpus_size(cfg) or n_train
     # an RL step takes rl.num_prompts prompts (as the stage's schedule counts them), not one update's batch
     per = cfg.rl.num_prompts if stage == "rl" else prog.steps_per_epoch_examples
     epochs = tcfg.num_epochs or (tcfg.num_steps * per / n)
@@ -229,10 +272,36 @@ def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Prog
         out["paper_total_flops"] = PAPER_TOTAL_FLOPS[paper_key]
         if stage == "rollout":
             out["notes_total"] = "rollout only; the paper's RL figure covers rollouts + updates + scoring"
+    if lengths is not None and stage in ("align", "sft"):
+        out |= packed_totals(cfg, stage, tcfg, n, steps, flops_per_step, lengths)
     return out
 
 
-def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[str, Any] | None, list[dict]]:
+def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int, flops_per_step: float,
+                  lengths: Lengths) -> dict[str, Any]:
+    """The stage in packed rows (`data.packing`: grain's first-fit packer replayed on the measured lengths, as many
+    bins as the batch has rows): the same FLOPs a step, fewer steps an epoch. A recipe counted in num_steps runs as
+    many steps packed, each over more examples."""
+    from dlr_jax.data.packing import pack_stats
+
+    max_len = cfg.data.max_len
+    stats = pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
+    steps = stats.steps(tcfg.num_epochs, tcfg.batch_size, packed=True, examples=n) if tcfg.num_epochs > 0 \
+        else padded_steps
+    out = {"data_pack": cfg.data.pack, "examples_per_row": stats.examples_per_row,
+           "packed_efficiency": stats.packed_efficiency, "padded_efficiency": stats.padded_efficiency,
+           "stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step,
+           **lengths.summary(max_len)}
+    if stage == "sft":
+        from dlr_jax.plan.programs import plans_dual_branch
+
+        if plans_dual_branch(cfg):
+            out["notes_packed"] = "the dual branch trains on padded rows only (one CoT a row): sft runs padded"
+    return out
+
+
+def search(cfg: Config, stage: str, target: Target, devices: int,
+           lengths: Lengths | None = None) -> tuple[dict[str, Any] | None, list[dict]]:
     """Remat x grad_accum x mesh shapes of `devices` devices: the fastest (roofline) plan that fits."""
     meshes = []
     for tensor in (1, 2, 4, 8):
@@ -263,7 +332,7 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
                 continue
             for mesh in meshes:
                 try:
-                    r = plan_once(c, stage, target, mesh)
+                    r = plan_once(c, stage, target, mesh, lengths)
                 except (TargetUnavailable, ConfigError):  # no compiler, or a config no row can fix: say it once
                     raise
                 except Exception as e:  # noqa: BLE001 - a plan that does not compile is a row, not a crash
@@ -272,6 +341,10 @@ def search(cfg: Config, stage: str, target: Target, devices: int) -> tuple[dict[
     ok = [r for r in tried if r.get("fits") and "roofline_step_s" in r]
     best = min(ok, key=lambda r: r["roofline_step_s"]) if ok else None
     return best, tried
+
+
+def _flops(x: float) -> str:
+    return f"{x / 1e15:,.0f} PFLOPs" if x >= 1e16 else f"{x:.3g} FLOPs"
 
 
 def format_plan(r: dict[str, Any]) -> str:
@@ -293,7 +366,18 @@ def format_plan(r: dict[str, Any]) -> str:
         paper = r.get("paper_total_flops")
         vs = f" (paper: {paper / 1e15:.0f} P)" if paper else ""
         lines.append(f"  whole stage: {r['stage_steps']:,} steps over {r['stage_examples']:,} examples = "
-                     f"{r['stage_total_flops'] / 1e15:.0f} PFLOPs{vs}")
+                     f"{_flops(r['stage_total_flops'])}{vs}"
+                     + (" in padded rows" if "stage_steps_packed" in r else ""))
+    if "stage_steps_packed" in r:
+        lines.append(f"  packed rows: {r['examples_per_row']:.2f} examples a row, {100 * r['packed_efficiency']:.0f}% "
+                     f"of tokens real (padded: {100 * r['padded_efficiency']:.0f}%) -> {r['stage_steps_packed']:,} "
+                     f"steps = {_flops(r['stage_total_flops_packed'])} "
+                     f"(this config: data.pack={str(r['data_pack']).lower()})")
+        lines.append(f"  measured lengths: mean {r['length_mean']:.0f}, median {r['length_p50']:.0f}, p95 "
+                     f"{r['length_p95']:.0f}, max {r['length_max']} tokens ({r['longer_than_max_len']} of "
+                     f"{r['lengths_measured']:,} longer than data.max_len); " + "; ".join(r["lengths_notes"]))
+        if r.get("notes_packed"):
+            lines.append(f"  note: {r['notes_packed']}")
     if r.get("vocab_values"):
         lines.append("  largest vocabulary-sized values: " + "; ".join(
             f"{v['dtype']}{v['shape']} {g(v['bytes'])} ({v['hlo_op']})" for v in r["vocab_values"]))
@@ -317,6 +401,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
     ap.add_argument("--search", action="store_true", help="try remat / grad_accum / mesh shapes; print the best")
     ap.add_argument("--json", action="store_true", help="JSON output")
+    ap.add_argument("--refresh-lengths", action="store_true",
+                    help="align / sft: measure the data's sequence lengths again instead of reading them from the "
+                         "cache (dlr_jax/plan/lengths.py)")
+    ap.add_argument("--no-lengths", action="store_true",
+                    help="align / sft: do not read the data for its lengths (no packed totals)")
     a = ap.parse_args(argv)
     try:
         shape = parse_mesh_spec(a.mesh)
@@ -338,11 +427,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def measured_lengths(cfg: Config, stage: str, *, refresh: bool = False,
+                     skip: bool = False) -> tuple[Lengths | None, str | None]:
+    """(align / sft: the stage's measured sequence lengths, cached; else None, why packed totals are left out)."""
+    from dlr_jax.plan.lengths import stage_lengths
+
+    if skip or stage not in ("align", "sft"):
+        return None, None
+    try:
+        return stage_lengths(cfg, stage, refresh=refresh), None
+    except (OSError, ValueError) as e:  # the data is not on this machine, or does not read
+        return None, (f"packed totals left out: the training data's lengths could not be measured "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+
+
 def _run(a: argparse.Namespace, shape: dict[str, int]) -> int:
     cfg = load_config(a.config, a.overrides)
     target = TARGETS[a.device]
+    lengths, skipped = measured_lengths(cfg, a.stage, refresh=a.refresh_lengths, skip=a.no_lengths)
+    if skipped:
+        print(f"note: {skipped}", file=sys.stderr)
     if a.search:
-        best, tried = search(cfg, a.stage, target, math.prod(shape[k] for k in MESH_AXES))
+        best, tried = search(cfg, a.stage, target, math.prod(shape[k] for k in MESH_AXES), lengths)
         if a.json:
             print(json.dumps({"best": best, "tried": tried}, default=float))
         else:
@@ -355,7 +461,9 @@ def _run(a: argparse.Namespace, shape: dict[str, int]) -> int:
                           f"{'' if r.get('fits') else ' (does not fit)'}")
             print("best:\n" + (format_plan(best) if best else "  nothing fits"))
         return 0 if best else 1
-    r = plan_once(cfg, a.stage, target, shape)
+    r = plan_once(cfg, a.stage, target, shape, lengths)
+    if skipped:
+        r["notes"].append(skipped)
     print(json.dumps(r, default=float) if a.json else format_plan(r))
     return 0
 

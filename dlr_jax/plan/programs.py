@@ -178,6 +178,8 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
     from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch
     from dlr_jax.stages.sft import dual_branch_loss
 
+    if cfg.codebook.init_from or cfg.codebook.pretrained:
+        return _ocr2_dual_branch(cfg, lm, trainable, vocab_mask)
     dcfg = CodebookModelConfig.from_config(cfg)
     d = lm.backbone.cfg.hidden_size  # the checkpoint's width under init_from, not the YAML's
 
@@ -190,6 +192,35 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
                              dropout=cfg.codebook.char_dropout)
     n = dcfg.num_queries
     extra = {"ocr_targets": ((dcfg.max_text_len,), jnp.int32), "ocr_codes": ((n,), jnp.int32),
+             "ocr_code_mask": ((n,), jnp.int32)}
+    return model, loss, nnx.Any(trainable, OCR_PARAMS), extra
+
+
+def _ocr2_dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
+    """sft's branch on a DeepSeek-OCR-2 codebook: the checkpoint's MoE decoder (from codebook.init_from's
+    config.json, no weights read) behind the learned map from the LM's width; codes for the largest canvas."""
+    import functools
+
+    from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM
+    from dlr_jax.models.ocr2_branch import Ocr2Branch
+    from dlr_jax.stages.codebook import ocr2 as o2
+    from dlr_jax.stages.sft import dual_branch_loss
+
+    o2.check_start(cfg, "planning sft's dual branch")
+    cb = o2.abstract_model(cfg)
+    d = lm.backbone.cfg.hidden_size
+
+    def build():
+        o = cb.ocr2
+        flow = cb.cfg.quantize_at == "flow"
+        return DualBranchLM(lm, Ocr2Branch(cb.cfg, text=o.text, prefix_map=jnp.zeros((d, cb.cfg.code_dim)),
+                                           view_separator=o.view_separator, projector=o.projector if flow else None,
+                                           projector_bias=o.projector_bias if flow else None))
+
+    model = nnx.eval_shape(build)
+    loss = functools.partial(dual_branch_loss, vocab_mask=vocab_mask, weight=cfg.latent.dual_branch_weight)
+    n = (cfg.codebook.max_side // 64) ** 2  # the largest canvas's codes: the memory bound
+    extra = {"ocr_targets": ((cb.cfg.max_text_len,), jnp.int32), "ocr_codes": ((n,), jnp.int32),
              "ocr_code_mask": ((n,), jnp.int32)}
     return model, loss, nnx.Any(trainable, OCR_PARAMS), extra
 

@@ -1,4 +1,4 @@
-"""r_proc, the process-alignment reward of latent GRPO (DESIGN.md §1 stage 3).
+"""r_proc, the process-alignment reward of latent GRPO (the paper's stage 3, rl).
 
 For each rollout: take its generated latent codes, decode them with the frozen OCR decoder into a
 text CoT y_hat, and ask a frozen *evaluator* LM (the backbone before alignment, e.g. the textsft_cot

@@ -7,6 +7,7 @@
    fails at once with `WorkdirLocked` naming the holder. A lock whose pid is dead on this host is
    stale (a kill -9) and is taken over with a note; a lock held from another host cannot be checked
    from here, so the error says which host holds it and that the file may be deleted if that run is gone.
+   The run that holds the lock removes the temporary files a killed atomic write left (`remove_stale_temps`).
 2. **The config check.** The run's resolved config is compared with the workdir's `config.yaml`
    before anything is written. Keys that change what was built or read (the model, tokenizer, data,
    latent rows, the codebook networks, `init_from`) are always refused: checkpoints and the tokenizer
@@ -21,7 +22,7 @@ Multi-process runs: only process 0 takes the lock and checks the config (the oth
 it); with a `vote`, every process learns whether process 0 started, so none waits alone at the first
 collective for a process that exited with an error.
 
-The layout (DESIGN.md "Workdir"), which every stage, evaluation and export agree on:
+The layout, which every stage, evaluation and export agree on:
 
     <workdir>/config.yaml  tokenizer/  latents/<split>.jsonl
     <workdir>/<stage>/checkpoints/<step>/  final/  metrics.jsonl  events/  eval/
@@ -36,12 +37,13 @@ import json
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from dlr_jax.config import Config, ConfigError, load_config, to_dict
-from dlr_jax.core.files import MissingStageError
+from dlr_jax.core.files import TEMP_NAME, MissingStageError
 
 # ------------------------------------------------------------------------------------------------
 # The layout.
@@ -183,6 +185,36 @@ class WorkdirLock:
                 self.path.unlink()
 
 
+# A temporary file written on another host is stale once untouched this long (that host's processes cannot be
+# checked from here; an atomic write takes seconds).
+STALE_FOREIGN_S = 3600
+
+
+def remove_stale_temps(workdir: str | Path) -> list[Path]:
+    """Removes the temporary files of atomic writes (`core.files.atomic_path`) that no writer will rename any more: a
+    SIGKILL between writing and renaming leaves them behind. One is stale when its writer (host and pid are in its
+    name) is gone from this host, or when it was written on another host and untouched for STALE_FOREIGN_S. Called
+    by the run that holds the lock; returns what it removed."""
+    host, now, removed = socket.gethostname(), time.time(), []
+    for folder, _, names in os.walk(workdir):
+        for name in names:
+            m = TEMP_NAME.match(name)
+            if m is None:
+                continue
+            p = Path(folder) / name
+            try:
+                if m["name_host"].endswith("." + host):
+                    stale = not _pid_alive(int(m["pid"]))
+                else:
+                    stale = now - p.stat().st_mtime > STALE_FOREIGN_S
+                if stale:
+                    p.unlink()
+                    removed.append(p)
+            except FileNotFoundError:  # its writer renamed or removed it meanwhile
+                continue
+    return removed
+
+
 def _locked_message(path: Path, holder: Mapping[str, Any]) -> str:
     who = f"pid {holder.get('pid')} on host {holder.get('host')} (since {holder.get('started')})"
     hint = ("" if holder.get("host") == socket.gethostname() else
@@ -318,6 +350,12 @@ def open_run(
     if vote is not None and not vote(True):
         held.release()
         raise RunRefused(f"{workdir}: process 0 did not start this run (its error says why); nothing was done here")
+    if lock:
+        stale = remove_stale_temps(workdir)
+        if stale:
+            print(f"[dlr_jax] {workdir}: removed {len(stale)} temporary file(s) that killed writes left behind "
+                  f"({', '.join(str(p.relative_to(workdir)) for p in stale[:3])}{', ...' if len(stale) > 3 else ''})",
+                  flush=True)
     try:
         yield
     finally:

@@ -23,6 +23,7 @@ from dlr_jax.core.sharding import create_sharded, mesh_from_config
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.models.hf_config import ConversionError, model_config_from_hf
+from dlr_jax.run.preflight import check_lengths
 from dlr_jax.run.workdir import recordable, stage_dir
 from dlr_jax.text.tokens import TOKENIZER_FILE, Tokenizer, train_bpe
 
@@ -31,6 +32,7 @@ def prepare_workdir(cfg: Config, workdir: str | Path, train: list[Example] | Non
     """Creates the workdir and records the resolved config (the one that ran). `train`: the training examples of
     a stage that splits them into SFT and RL parts, whose sizes are checked first (a count meant for a larger
     file would otherwise stop the stage after its tokenizer was written, binding the workdir to the config)."""
+    check_lengths(cfg)  # latents that leave align and sft no room refuse the run before any stage writes
     if train is not None:
         from dlr_jax.data.protocol import rl_count
 
@@ -128,13 +130,14 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
 def stage_examples(
     cfg: Config, workdir: str | Path, part: str, tok: Tokenizer, train: list[Example] | None = None
 ) -> list[Example]:
-    """The training examples of `part` ("sft" for textsft / align / sft, "rl" for rl) under the data
-    protocol (dlr_jax/data/protocol.py): CoTs longer than data.max_cot_tokens left out (counted), then
-    the deterministic SFT/RL split by data.rl_split. Recorded in <workdir>/data_protocol.json."""
+    """The training examples of `part` ("sft" for textsft / sft, "rl" for rl, "all" = both parts; align reads
+    data.align_part) under the data protocol (dlr_jax/data/protocol.py): CoTs longer than data.max_cot_tokens
+    left out (counted), then the deterministic SFT/RL split by data.rl_split. Recorded in
+    <workdir>/data_protocol.json."""
     from dlr_jax.data import protocol
 
-    if part not in protocol.PARTS:
-        raise ValueError(f"part must be one of {protocol.PARTS}, got {part!r}")
+    if part not in (*protocol.PARTS, "all"):
+        raise ValueError(f"part must be one of {(*protocol.PARTS, 'all')}, got {part!r}")
     d = cfg.data
     train = load_examples(cfg, d.train_split) if train is None else train
     kept, dropped = protocol.cot_length_filter(train, lambda t: len(tok.encode_plain(t)), d.max_cot_tokens)
@@ -148,21 +151,31 @@ def stage_examples(
         "rl_split": d.rl_split, "split_seed": d.split_seed,
         **{f"{p}_examples": len(parts[p]) for p in protocol.PARTS},
         **{f"{p}_ids_sha256": protocol.ids_digest(parts[p]) for p in protocol.PARTS},
+        # only when it is not the default, so workdirs recorded before the key existed still match
+        **({"align_part": d.align_part} if d.align_part != "sft" else {}),
     }
     protocol.record(workdir, info, write=jax.process_index() == 0)  # a changed split stops every process
-    return parts[part]
+    return kept if part == "all" else parts[part]
 
 
-def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_step: int | None = None) -> Any:
+def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_step: int | None = None,
+                     pack: Any = None) -> Any:
     """`tcfg` with num_steps set from num_epochs (when > 0): ceil(num_epochs * n / per_step), per_step
-    defaulting to the batch size. Written to <workdir>/<stage>/schedule.json so a run says what it did."""
+    defaulting to the batch size. `pack`: packed data's `data.packing.PackStats`; a step's rows then hold
+    pack.examples_per_row examples each, so an epoch is that many times fewer steps. Written to
+    <workdir>/<stage>/schedule.json so a run says what it did."""
     from dlr_jax.data.protocol import steps_for_epochs
 
     if tcfg.num_epochs <= 0:
         return tcfg
     per_step = per_step or tcfg.batch_size
-    steps = steps_for_epochs(tcfg.num_epochs, n, per_step)
-    print(f"[{stage}] {tcfg.num_epochs:g} epochs of {n:,} examples at {per_step} per step = {steps:,} steps",
+    if pack is not None:
+        steps = pack.steps(tcfg.num_epochs, per_step, packed=True, examples=n)
+        what = f"{per_step} packed rows of {pack.examples_per_row:.2f} examples on average"
+    else:
+        steps = steps_for_epochs(tcfg.num_epochs, n, per_step)
+        what = f"{per_step}"
+    print(f"[{stage}] {tcfg.num_epochs:g} epochs of {n:,} examples at {what} per step = {steps:,} steps",
           flush=True)
     if jax.process_index() == 0:
         import json
@@ -170,8 +183,23 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
         d = stage_dir(workdir, stage)
         d.mkdir(parents=True, exist_ok=True)
         info = {"num_epochs": tcfg.num_epochs, "examples": n, "per_step": per_step, "num_steps": steps}
+        if pack is not None:
+            info["packed"] = pack.to_dict()
         write_text_atomic(d / "schedule.json", json.dumps(info, indent=2) + "\n")
     return dataclasses.replace(tcfg, num_steps=steps)
+
+
+def describe_rows(stage: str, data: Any) -> None:
+    """Prints how full a stage's rows are (`data.pipeline.StageData.pack`): packed, also what padding would fill."""
+    p = data.pack
+    if p is None:
+        return
+    if data.packed:
+        print(f"[{stage}] packed rows of {p.max_len}: {p.examples_per_row:.2f} examples a row, "
+              f"{100 * p.packed_efficiency:.0f}% of tokens real (padded rows: {100 * p.padded_efficiency:.0f}%)",
+              flush=True)
+    else:
+        print(f"[{stage}] padded rows of {p.max_len}: {100 * p.padded_efficiency:.0f}% of tokens real", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stage export (DESIGN §1.2): every example's latent ids z_1..z_N.
+"""Stage export (the paper's latent id export): every example's latent ids z_1..z_N.
 
 `run` renders each split's CoTs deterministically (the mean font size, so an example always gets
 the same canvas), encodes them with the codebook stage's encoder and writes the plain nearest code
@@ -24,6 +24,7 @@ import numpy as np
 from dlr_jax.config import Config
 from dlr_jax.core.files import MissingStageError, write_text_atomic
 from dlr_jax.core.sharding import wait_for_all_processes
+from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.records import Example
@@ -33,6 +34,7 @@ from dlr_jax.models.vq import code_usage
 from dlr_jax.run.workdir import final_dir
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook.models import check_render_view, encode_ids, load_codebook_model
+from dlr_jax.text import render
 
 STAGE = "export"
 
@@ -53,10 +55,25 @@ def export_split(model: CodebookModel, cfg: Config, workdir: str | Path, split: 
     flat = np.concatenate([np.asarray(z) for z in ids]) if ids else np.zeros(0, np.int32)
     _, used, ppl = code_usage(jnp.asarray(flat), model.cfg.num_codes)
     info = {"path": str(path), "examples": len(examples), "n_hist": dict(sorted(Counter(map(len, ids)).items())),
-            "used_codes": int(used), "perplexity": float(ppl), "encoder_vq_images_per_s": rate}
+            "used_codes": int(used), "perplexity": float(ppl), "encoder_vq_images_per_s": rate,
+            "overflow": overflow(texts, ids, cfg)}
+    too_long = info["overflow"]["shrunk"] + info["overflow"]["truncated"]
     print(f"[export] {split}: {len(examples)} examples -> {path} (n histogram {info['n_hist']}, "
-          f"{info['used_codes']} codes used, perplexity {info['perplexity']:.1f})", flush=True)
+          f"{info['used_codes']} codes used, perplexity {info['perplexity']:.1f}; {too_long} CoTs too long for "
+          f"the largest canvas, {cfg.codebook.max_side} px)", flush=True)
     return info
+
+
+def overflow(texts: list[str], ids: list[list[int]], cfg: Config) -> dict[str, int]:
+    """How many CoTs did not fit the largest canvas at export's font (the config's mean size): drawn with a
+    smaller font (`shrunk`) or cut (`truncated`, codebook.overflow=truncate or below the smallest font).
+    Only those on the largest canvas can have overflowed, so only they are laid out again."""
+    rcfg = rp.render_config(cfg.codebook)
+    largest = (rcfg.max_side // 64) ** 2
+    font = render.sample_font_size(None, rcfg)
+    laid = [rp.canvas_side(t, font, rcfg) for t, z in zip(texts, ids, strict=True) if len(z) == largest]
+    return {"max_side": rcfg.max_side, "shrunk": sum(int(s and not t) for _, s, t in laid),
+            "truncated": sum(int(t) for _, _, t in laid)}
 
 
 def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> dict[str, Any]:

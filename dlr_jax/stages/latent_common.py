@@ -116,16 +116,20 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     train = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir, train)
     tok = common.get_tokenizer(cfg, workdir, train)
-    train = common.stage_examples(cfg, workdir, "sft", tok, train)
+    # align reads data.align_part (the paper: the whole split, RL part too); sft the SFT part
+    train = common.stage_examples(cfg, workdir, cfg.data.align_part if stage == "align" else "sft", tok, train)
     mesh = common.make_mesh_for(cfg)
     latents = latents_for(cfg, workdir, cfg.data.train_split, train)
-    tcfg = common.resolve_schedule(getattr(cfg.train, stage), len(train), workdir, stage)
+    tcfg = getattr(cfg.train, stage)
     model = make_model(cfg, workdir, tok, mesh)
     data = make_stage_dataset(
         stage, train, tok, batch_size=local_batch(tcfg.batch_size), max_len=cfg.data.max_len,
         seed=cfg.run.seed, latents=latents, pack=cfg.data.pack, num_workers=cfg.data.num_workers,
         vocab_size=model.vocab_size, **(branch.data_kwargs() if branch is not None else {}),
     )
+    # after the data: a packed epoch is fewer steps (its rows hold several examples each)
+    tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None)
+    common.describe_rows(stage, data)
     loss = functools.partial(common.lm_loss, vocab_mask=model.vocab_mask())
     trainable = filter_for_stage(stage, model.latent_cfg)
     if branch is not None:

@@ -1,7 +1,7 @@
 """Stage 2 — latent SFT: `[x ; <latent> z </latent> <answer> a </answer>]`, CE on everything after
 the question x; backbone, projectors and (by config) the codebook train, starting from align.
 
-Dual branch (DESIGN §3, `dlr_jax.models.dual_branch`): with `latent.dual_branch` on (auto: when
+Dual branch (`dlr_jax.models.dual_branch`): with `latent.dual_branch` on (auto: when
 <workdir>/codebook/final exists and latent.source=codebook) the codebook stage's OCR decoder trains
 in parallel to reconstruct the CoT y from sg(E_lat(z)); the stop-gradient isolates it from the LM.
 Batches then carry `ocr_targets` / `ocr_codes` / `ocr_code_mask` (`data.pipeline`, unpacked rows
@@ -9,10 +9,18 @@ only). The loss is the LM's token-mean CE plus latent.dual_branch_weight times t
 char-mean CE (`dual_branch_loss`); metrics add lm_ce, ocr_ce and ocr_char_accuracy. The decoder
 uses the codebook stage's input-character dropout (codebook.char_dropout) and sft's optimizer.
 
+On a DeepSeek-OCR-2 codebook (codebook.init_from) the branch is D_ocr = the fine-tuned OCR-2 MoE decoder
+(`models/ocr2_branch.py`): it reads sg(E_lat(z)) through a learned linear map to the VQ width (the LM's width
+differs from what the decoder reads) and the OCR-2 projector, and reconstructs y in the checkpoint's tokens
+(`ocr_targets` from `codebook.ocr2.OcrTokenEncoder`, codebook.max_text_len tokens incl. <eos>); the loss is
+then the LM's token-mean CE plus latent.dual_branch_weight times the decoder's token-mean CE (metrics
+ocr_ce, ocr_char_accuracy, the latter over tokens).
+
 Outputs: <workdir>/sft/final (the latent LM, as without the branch) and, with the branch,
-<workdir>/sft/decoder (params + meta.json, kind "ocr_decoder"): the trained decoder with the final
-rows E_lat(k) frozen in. `codebook_models.load_decoder` (and so RL's process reward) prefers it over
-the codebook stage's decoder.
+<workdir>/sft/decoder (params + meta.json, kind "ocr_decoder", or "ocr2_decoder" on an OCR-2 codebook): the
+trained decoder with the rows it reads for every code (from the final E_lat(k)) frozen in.
+`codebook.models.load_decoder` (and so RL's process reward and `interpret`) prefers it over the codebook
+stage's decoder.
 """
 
 from __future__ import annotations
@@ -33,10 +41,19 @@ from dlr_jax.config import Config, ConfigError
 from dlr_jax.core.files import MissingStageError, write_text_atomic
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
+from dlr_jax.models.ocr2_branch import Ocr2Branch, ocr2_branch_from_codebook_model
+from dlr_jax.models.ocr2_codebook import PAD as OCR2_PAD
+from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig
 from dlr_jax.run.checkpoint import read_meta, save_params
 from dlr_jax.run.workdir import final_dir, stage_dir
 from dlr_jax.stages import common
-from dlr_jax.stages.codebook.models import check_render_view, decoder_dir, load_codebook_model
+from dlr_jax.stages.codebook.models import (
+    OCR2_DECODER,
+    check_render_view,
+    decoder_dir,
+    load_codebook_model,
+    load_ocr2_tokenizer_file,
+)
 from dlr_jax.stages.latent_common import load_latent_stage, train_latent_stage
 from dlr_jax.text.ocr_text import VOCAB
 from dlr_jax.training.trainer import TrainResult
@@ -51,8 +68,17 @@ STAGE = "sft"
 def ocr_terms(model: DualBranchLM, batch: dict, rng: jax.Array, *, dropout: float = 0.0):
     """(Σ char NLL, #target chars, #chars predicted right) of the OCR branch on the batch's
     ocr_targets [b, T] from ocr_codes / ocr_code_mask [b, N] (left-padded); teacher-forced inputs
-    lose `dropout` of their characters, as in the codebook stage."""
+    lose `dropout` of their characters, as in the codebook stage. An OCR-2 branch: the same over the
+    checkpoint's tokens (no dropout: its recipe has none)."""
     targets = batch["ocr_targets"]
+    if isinstance(model.ocr, Ocr2Branch):
+        feats = model.latent_features(batch["ocr_codes"])  # sg(E_lat(z))
+        logits, _ = model.ocr.decoder_logits(feats, targets, batch["ocr_code_mask"] > 0)
+        tmask = (targets != OCR2_PAD).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+        nll = -jnp.take_along_axis(logp, jnp.maximum(targets, 0)[..., None], axis=-1)[..., 0]
+        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+        return jnp.sum(nll * tmask), jnp.sum(tmask), jnp.sum(correct * tmask)
     inputs, in_mask = teacher_inputs(targets)
     inputs = char_dropout(inputs, dropout, rng)
     logits = model.ocr_logits(batch["ocr_codes"], batch["ocr_code_mask"] > 0, inputs, in_mask)
@@ -89,17 +115,27 @@ class DualBranch:
     """Stage sft's OCR branch (the `branch` hook of `latent_common.train_latent_stage`)."""
 
     workdir: Path
-    decoder_cfg: CodebookModelConfig
+    decoder_cfg: Any  # CodebookModelConfig (character decoder) | Ocr2CodebookConfig (OCR-2)
     weight: float
     dropout: float
     view: str = "cot"  # codebook.render_view: what the decoder was trained to read back
 
+    @property
+    def ocr2(self) -> bool:
+        return isinstance(self.decoder_cfg, Ocr2CodebookConfig)
+
     def data_kwargs(self) -> dict[str, Any]:
-        return {"ocr_text_len": self.decoder_cfg.max_text_len, "ocr_view": self.view}
+        out = {"ocr_text_len": self.decoder_cfg.max_text_len, "ocr_view": self.view}
+        if self.ocr2:  # targets in the checkpoint's tokens, as the codebook stage trained the decoder
+            from dlr_jax.stages.codebook.ocr2 import OcrTokenEncoder
+
+            out["ocr_encode"] = OcrTokenEncoder(load_ocr2_tokenizer_file(self.workdir), self.decoder_cfg.eos_id)
+        return out
 
     def wrap(self, lm, trainable: Any, mesh: Mesh, rules: Any):
         """(DualBranchLM, its loss, LM filter + the OCR branch's params)."""
-        ocr = branch_from_codebook_model(load_codebook_model(self.workdir, mesh), lm, mesh=mesh, rules=rules)
+        build = ocr2_branch_from_codebook_model if self.ocr2 else branch_from_codebook_model
+        ocr = build(load_codebook_model(self.workdir, mesh), lm, mesh=mesh, rules=rules)
         loss = functools.partial(dual_branch_loss, vocab_mask=lm.vocab_mask(), weight=self.weight,
                                  dropout=self.dropout)
         return DualBranchLM(lm, ocr), loss, nnx.Any(trainable, OCR_PARAMS)
@@ -107,20 +143,24 @@ class DualBranch:
     def finish(self, model: DualBranchLM, step: int):
         """Saves the decoder to <workdir>/sft/decoder; returns the latent LM (saved as sft/final)."""
         dec = model.decoder_for_decoding()
-        meta = {"stage": STAGE, "kind": "ocr_decoder", "model": self.decoder_cfg.to_dict(),
-                "feature_dim": dec.feature_dim, "num_codes": int(dec.vq.codebook.shape[0]), "steps": step}
+        if self.ocr2:
+            meta = {"stage": STAGE, "kind": OCR2_DECODER, "model": self.decoder_cfg.to_dict(),
+                    "feature_dim": model.ocr.feature_dim, "num_codes": dec.num_codes, "steps": step}
+        else:
+            meta = {"stage": STAGE, "kind": "ocr_decoder", "model": self.decoder_cfg.to_dict(),
+                    "feature_dim": dec.feature_dim, "num_codes": int(dec.vq.codebook.shape[0]), "steps": step}
         save_params(dec, decoder_dir(self.workdir), meta)
         return model.lm
 
 
 def dual_branch_on(cfg: Config, codebook_kind: str | None, where: str, workdir: str | Path | None = None) -> bool:
     """Whether sft trains the dual branch, given the codebook stage's model (`codebook_kind`: "ocr2" for a
-    DeepSeek-OCR-2 one, any other kind for the from-scratch model with its character decoder, None when
-    the stage has not run). `auto` is on for codebook latents of a from-scratch codebook; `on` where it
-    cannot run raises ConfigError (MissingStageError without a codebook stage), naming `where` (the
+    DeepSeek-OCR-2 one, whose MoE decoder is then D_ocr, any other kind for the from-scratch model with its
+    character decoder, None when the stage has not run). `auto` is on for codebook latents of either; `on`
+    where it cannot run raises ConfigError (MissingStageError without a codebook stage), naming `where` (the
     codebook's folder, or what stands for it). The stage and the planner (plan_programs) both decide here."""
     mode, source = cfg.latent.dual_branch, cfg.latent.source
-    if mode == "off" or (mode == "auto" and (codebook_kind in (None, "ocr2") or source != "codebook")):
+    if mode == "off" or (mode == "auto" and (codebook_kind is None or source != "codebook")):
         return False
     if codebook_kind is None:
         raise MissingStageError(
@@ -131,12 +171,6 @@ def dual_branch_on(cfg: Config, codebook_kind: str | None, where: str, workdir: 
     if source != "codebook":
         raise ConfigError(f"latent.dual_branch=on needs latent.source=codebook (got {source!r}): random ids carry "
                           "no CoT for the OCR decoder to read back")
-    if codebook_kind == "ocr2":
-        raise ConfigError(
-            f"{where}: latent.dual_branch=on trains the character OCR decoder, but this codebook is DeepSeek-OCR-2 "
-            "(codebook.init_from); set latent.dual_branch=off (an existing workdir: --set latent.dual_branch=off "
-            "--set run.allow_config_change=true), or start the workdir with latent.dual_branch=auto"
-        )
     if cfg.data.pack:
         raise ConfigError(f"the sft dual branch (latent.dual_branch={mode}, decoder in {where}) needs one example "
                           "per row: set data.pack=false, or latent.dual_branch=off")
@@ -150,12 +184,10 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
     kind = (read_meta(cb_dir)["model"].get("kind") or "codebook") if have else None
     where = str(cb_dir if have else cb_dir / "meta.json")
     if not dual_branch_on(cfg, kind, where, workdir):
-        if kind == "ocr2" and cfg.latent.dual_branch == "auto" and cfg.latent.source == "codebook":
-            print(f"[sft] dual branch off: {cb_dir} is a DeepSeek-OCR-2 codebook (the branch needs the character "
-                  "OCR decoder)", flush=True)
         return None
     check_render_view(cfg, workdir)
-    dcfg = CodebookModelConfig.from_dict(read_meta(cb_dir)["model"])
+    model = read_meta(cb_dir)["model"]
+    dcfg = Ocr2CodebookConfig.from_dict(model) if kind == "ocr2" else CodebookModelConfig.from_dict(model)
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout),
                       cfg.codebook.render_view)
 

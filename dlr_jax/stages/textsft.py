@@ -44,7 +44,6 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     train = common.stage_examples(cfg, workdir, "sft", tok, train)
     mesh = common.make_mesh_for(cfg)
     tcfg = cfg.train.textsft if mode == "cot" else cfg.train.textsft_direct
-    tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage)
     if mode == "direct_from_cot":
         model = restore_stage(workdir, "textsft_cot", tok, cfg, mesh)
     else:
@@ -61,6 +60,9 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         num_workers=cfg.data.num_workers,
         vocab_size=model.cfg.vocab_size,
     )
+    # after the data: a packed epoch is fewer steps (its rows hold several examples each)
+    tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None)
+    common.describe_rows(stage, data)
     print(f"[{stage}] {common.count_params(model):,} params, {data.examples:,} of {len(train):,} examples "
           f"(those that fit data.max_len={cfg.data.max_len})", flush=True)
     loss = functools.partial(common.lm_loss, vocab_mask=tok.vocab_padding_mask()[: tok.text_vocab_size])

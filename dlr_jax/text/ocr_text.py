@@ -5,7 +5,7 @@ The codebook's OCR decoder reads and writes *characters* (`CharVocab`): printabl
 with <pad>/<bos>/<eos>/<unk>/<drop> specials. Characters rather than the workdir's BPE because the
 codebook stage then needs no tokenizer (it can run before any other stage, on any corpus), the
 reconstruction error is naturally a character error rate, and input-character dropout -- which
-raised codebook use ~4x in the tiny experiment (DESIGN "Facts checked") -- acts on characters.
+makes a from-scratch decoder lean on the codes, so more of the codebook is used -- acts on characters.
 Targets are the CoT as the renderer lays it out (`normalize_text`), so the decoder is never asked
 for whitespace the image does not show.
 

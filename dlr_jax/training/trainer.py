@@ -35,8 +35,14 @@ from dlr_jax.config import TrainConfig
 from dlr_jax.core import preemption
 from dlr_jax.core.iterator_state import gather_states, own_state
 from dlr_jax.core.metrics_log import MetricsWriter, ProfileWindow, jsonable, progress
-from dlr_jax.core.sharding import logical_to_spec, make_mesh, use_mesh
-from dlr_jax.run.checkpoint import configure_orbax
+from dlr_jax.core.sharding import all_processes_ok, logical_to_spec, make_mesh, use_mesh, wait_for_all_processes
+from dlr_jax.run.checkpoint import (
+    CheckpointUnreadable,
+    configure_orbax,
+    move_aside,
+    reported_unreadable,
+    short_error,
+)
 from dlr_jax.run.preflight import check_train_config
 from dlr_jax.training.optimizer import make_optimizer, opt_state_shardings
 
@@ -94,8 +100,8 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, tx: optax.GradientTra
 
         a = jax.tree.leaves(batch)[0].shape[0]
         if a == 1:
-            # Straight-line code, no scan: XLA:CPU ran the same step ~5x slower inside a while loop
-            # (a length-1 scan included; 3.3 s vs 0.66 s for the codebook step at 256 px).
+            # Straight-line code, no scan: XLA:CPU runs the same step several times slower inside a while
+            # loop, a length-1 scan included (tests/training/test_trainer.py keeps the loop out).
             grads, loss_sum, weight, metrics = grad_of(jax.tree.map(lambda x: x[0], batch), 0)
             loss_sum, weight = jnp.asarray(loss_sum, jnp.float32), jnp.asarray(weight, jnp.float32)
             metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
@@ -124,6 +130,11 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, tx: optax.GradientTra
             "lr": schedule(step),
             "batch_hash": batch_hash(batch),
         }
+        if "segment_ids" in batch:  # the LM stages' rows (data/pipeline.py), padded or packed
+            seg = batch["segment_ids"]
+            # share of the batch's tokens that are not padding, and the sequences (examples) it holds
+            out["pack_efficiency"] = jnp.mean((seg > 0).astype(jnp.float32))
+            out["sequences"] = jnp.sum(jnp.max(seg, axis=-1)).astype(jnp.float32)
         return params, opt_state, out
 
     return step_fn
@@ -272,10 +283,50 @@ class Trainer:
         self.ckpt.save(self.step, args=ocp.args.Composite(**items), force=force)
 
     def restore(self, data_iter: Any = None, step: int | None = None) -> bool:
-        """Restores the latest (or given) checkpoint onto the current shardings."""
-        step = self.ckpt.latest_step() if step is None else step
-        if step is None:
+        """Restores the latest (or given) checkpoint onto the current shardings.
+
+        Without `step`, a checkpoint that does not restore (a truncated or missing file: the restore attempt is the
+        check) is skipped for the one before it; once one restores, every newer one is moved aside
+        (`checkpoints/<step>.damaged-<time>/`, never deleted) with one line each, so the run saves those steps
+        again. When none restores, nothing is moved (the cause may be this code rather than the files) and
+        `CheckpointUnreadable` says so in one line."""
+        if step is not None:
+            return self._restore_step(step, data_iter)
+        failed: list[tuple[int, BaseException | None]] = []
+        for s in sorted(self.ckpt.all_steps(), reverse=True):
+            try:
+                self._restore_step(s, data_iter)
+                err = None
+            except Exception as e:  # noqa: BLE001 - any failure to read it; agreed on below, then reported
+                err = e
+                reported_unreadable(self.dir.resolve() / "checkpoints" / str(s))
+            if all_processes_ok(err is None):  # a process may read other shards: all agree before moving anything
+                self._move_aside(failed)
+                return True
+            failed.append((s, err))
+        if not failed:
             return False
+        ckpts = self.dir / "checkpoints"
+        why = "; ".join(f"step {s}: {short_error(e) if e is not None else 'failed on another process'}"
+                        for s, e in failed)
+        raise CheckpointUnreadable(
+            f"[{self.name}] no checkpoint in {ckpts} restores ({why}). Nothing was moved. If their files are damaged "
+            f"(a full disk, a truncated copy), move {ckpts} aside and rerun to start the stage over")
+
+    def _move_aside(self, failed: list[tuple[int, BaseException | None]]) -> None:
+        """Moves the checkpoints newer than the restored one out of the manager's sight (process 0; the others wait)."""
+        if not failed:
+            return
+        if jax.process_index() == 0:
+            for s, e in failed:
+                dest = move_aside(self.dir / "checkpoints" / str(s))
+                print(f"[{self.name}] checkpoint {s} is damaged "
+                      f"({short_error(e) if e is not None else 'failed on another process'}): moved to {dest}; "
+                      f"falling back to step {self.step}", flush=True)
+        wait_for_all_processes(f"{self.name}: damaged checkpoints moved aside")
+        self.ckpt.reload()
+
+    def _restore_step(self, step: int, data_iter: Any) -> bool:
         items = {
             "params": ocp.args.StandardRestore(self._abstract(self.params)),
             "opt_state": ocp.args.StandardRestore(self._abstract(self.opt_state)),

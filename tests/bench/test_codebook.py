@@ -28,7 +28,7 @@ def _numbers(cell: str) -> list[float]:
 def test_cli_writes_the_section_with_sane_numbers(tmp_path, data_dir):  # reads gsm8k_aug:valid
     out = tmp_path / "B.md"
     out.write_text("# Benchmarks\n\nhand-written notes\n\n<!-- bench:train -->\nold train\n<!-- /bench:train -->\n")
-    # train_alpha left out: each step variant is one more XLA compile of ~15 s on this CPU.
+    # train_alpha left out: each step variant is one more XLA compile of the codebook step.
     argv = ["--out", str(out), "--only", "codebook", "--repeats", "1", "--codebook-examples", "24",
             "--codebook-phases", "render,encode,train,live"]
     argv += [a for o in MICRO for a in ("--codebook-set", o)]

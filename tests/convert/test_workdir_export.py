@@ -178,3 +178,42 @@ def test_to_hf_refuses_a_non_finite_parameter(tiny_hf, tmp_path):
     model.final_norm.set_value(model.final_norm[...].at[0].set(np.inf))
     with pytest.raises(ConversionError, match="tensor 'final_norm' has 1 non-finite value"):
         convert.save_hf(model, cfg, tmp_path / "out")
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_an_out_inside_equal_to_or_above_the_source_is_refused_before_anything_is_removed(sft_workdir, tiny_hf):
+    """`--out W/sft/final --force` deleted the trained stage (final/params), then the export failed."""
+    _, w, _ = sft_workdir
+    before = _files(w)
+    for out, how in ((w / "sft" / "final", "is inside"), (w, "is"), (w.parent, "holds")):
+        with pytest.raises(SystemExit, match=f"error: --out {out} {how} the source {w}: choose an output directory "
+                                             "outside it"):
+            convert_cli.main(["--to-hf", "--from-workdir", str(w), "--stage", "sft", "--out", str(out), "--force"])
+    assert _files(w) == before
+    src = tiny_hf[0]
+    hf_before = _files(src)
+    with pytest.raises(SystemExit, match="is inside the source"):
+        convert_cli.main(["--from-hf", str(src), "--out", str(src / "orbax"), "--force"])
+    assert _files(src) == hf_before and not (src / "orbax").exists()
+    with pytest.raises(SystemExit, match=f"--out {src} is the source"):
+        convert_cli.main(["--to-hf", "--from-orbax", str(src), "--out", str(src), "--force"])
+    assert _files(src) == hf_before
+
+
+def test_force_clears_the_old_export_only_after_the_source_is_read(sft_workdir, tmp_path):
+    import shutil
+
+    _, w, _ = sft_workdir
+    broken = tmp_path / "w"
+    shutil.copytree(w, broken)
+    (broken / "sft" / "final" / "params" / "manifest.ocdbt").unlink()  # a damaged source
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # an earlier export
+    (out / "model.safetensors").write_bytes(b"old")
+    with pytest.raises(SystemExit, match=r"error: .*sft/final/params: does not restore"):
+        convert_cli.main(["--to-hf", "--from-workdir", str(broken), "--stage", "sft", "--out", str(out), "--force"])
+    assert _files(out) == {"config.json": b"{}", "model.safetensors": b"old"}

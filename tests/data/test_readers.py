@@ -18,7 +18,8 @@ DEFAULT_COUNTS = {
 
 
 def test_names():
-    assert set(NAMES) == {*DEFAULT_COUNTS, "synthetic", "synthetic_hard", "synthetic_reworded"}
+    # mathx_5m: a codebook corpus source not in the shared data (tests/data/test_mathx.py)
+    assert set(NAMES) == {*DEFAULT_COUNTS, "synthetic", "synthetic_hard", "synthetic_reworded", "mathx_5m"}
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULT_COUNTS))
@@ -86,3 +87,23 @@ def test_filter_reports_count(data_dir, caplog):
         kept, dropped = filter_examples(exs, lambda e: bool(e.cot), reason="no calculator annotations")
     assert dropped == 95 and len(kept) == len(exs) - 95
     assert "dropped 95 of 7473 examples: no calculator annotations" in caplog.text
+
+
+def test_a_directory_where_the_data_file_is_expected_is_said_in_one_line(tmp_path, capsys):
+    """It was a traceback saying the file "does not exist" (exit 1)."""
+    from dlr_jax import train
+    from dlr_jax.data.records import DataFormatError
+    from tests.cli_micro import micro_yaml
+
+    (tmp_path / "g" / "test.jsonl").mkdir(parents=True)  # a copy unpacked one level too deep
+    with pytest.raises(DataFormatError, match=r"g/test.jsonl: is a directory; gsm8k \(test\) reads a file here"):
+        load_benchmark("gsm8k", path=tmp_path / "g")
+    (tmp_path / "s" / "train.txt").mkdir(parents=True)
+    with pytest.raises(DataFormatError, match=r"s/train.txt: is a directory; synthetic \(train\) reads a file here"):
+        load_benchmark("synthetic", path=tmp_path / "s", split="train")
+    cfg = micro_yaml(tmp_path / "m.yaml", ["data.dataset=gsm8k_aug", f"data.path={tmp_path / 's'}"])
+    code = train.main(["--stage", "textsft", "--config", str(cfg), "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1] == f"error: {tmp_path / 's' / 'train.txt'}: is a directory; gsm8k_aug (train) reads " \
+                                    "a file here", err
+    assert "Traceback" not in "\n".join(err)

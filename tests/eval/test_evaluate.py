@@ -405,3 +405,27 @@ def test_latent_prefix_puts_the_span_in_the_prompt_and_decodes_only_the_answer(t
         ev.evaluate_examples(BigramLM(table), tok, toy_examples(3), "synthetic", mode="cot", latent_prefix=given)
     with pytest.raises(ValueError, match="force_latents cannot apply"):
         ev.evaluate_examples(BigramLM(table), tok, toy_examples(3), "synthetic", force_latents=2, latent_prefix=given)
+
+
+def test_results_name_the_hash_of_the_samples_written_with_them(tok, tmp_path):
+    """A kill between the two renames left a new samples.jsonl beside an old results.json: results.json names the
+    samples file's SHA-256, and `samples_match` tells a pair from two runs."""
+    from dlr_jax.data.readers import load_benchmark
+
+    items = [{"iIndex": i, "sQuestion": f"What is 4 plus {i}?", "lSolutions": [42.0], "lEquations": ["X=4+38"]}
+             for i in range(3)]
+    (tmp_path / "MultiArith.json").write_text(json.dumps(items))
+    out = tmp_path / "out"
+    res = ev.run_benchmarks(BigramLM(scripted_table(tok, n_latents=2)), tok,
+                            EvalConfig(benchmarks=("multiarith",), batch_size=8, max_new_tokens=12, max_latents=4),
+                            loader=lambda name, split: load_benchmark(name, path=tmp_path / "MultiArith.json",
+                                                                      split=split), out_dir=out, tag="a",
+                            progress=False)
+    named = json.loads((out / "results_a.json").read_text())["samples_file"]
+    assert named["name"] == "samples_a.jsonl" and named["rows"] == 3 and res["samples_file"] == named
+    assert ev.samples_match(out / "results_a.json")
+    with open(out / "samples_a.jsonl", "a") as f:  # another run's samples
+        f.write(json.dumps({"id": "x"}) + "\n")
+    assert not ev.samples_match(out / "results_a.json")
+    (out / "samples_a.jsonl").unlink()
+    assert not ev.samples_match(out / "results_a.json")

@@ -91,14 +91,14 @@ def test_main_plan_and_the_ablations_share_stages():
     assert main.variants[0].runs == ("textsft", "codebook", "export", "align", "sft", "rl")
     ab = experiment("ablations", cfg)
     v = {x.name: x for x in ab.variants}
-    assert set(v) == {"main", "no_align", "no_process_reward", "k128", "k2048", "half_font"}
+    assert set(v) == {"main", "no_align", "no_sft", "no_process_reward", "k128", "k256", "k1024", "k2048", "half_font"}
     assert v["no_process_reward"].runs == ("rl",) and "sft" in v["no_process_reward"].reuse
     assert v["no_align"].runs == ("align", "sft", "rl") and "train.align.learning_rate=0.0" in v["no_align"].overrides
     assert v["k128"].reuse == ("textsft",) and not v["k128"].link_tokenizer  # the tokenizer holds K ids
     labels = [m.label for m in ab.methods]
     assert labels[0] == "DLR-Full" and len(labels) == len(set(labels))
     assert [m.force_latents for m in ab.methods if m.group == "forced_stop"] == [2, 4, 6, 8]
-    assert sorted(m.x for m in ab.methods if m.group == "k_sweep") == [128, 512, 2048]
+    assert sorted(m.x for m in ab.methods if m.group == "k_sweep") == [128, 256, 512, 1024, 2048]
     # random latent ids: no codebook stages, and no half-font experiment (it changes the rendering)
     rnd = load_config(TINY, ["latent.source=random"])
     assert experiment("main", rnd).variants[0].runs == ("textsft", "align", "sft", "rl")
@@ -117,7 +117,7 @@ def test_half_font_and_k_values_follow_the_config():
                                          "codebook.font_max=10", "codebook.min_side=64", "codebook.max_side=64")
     real = load_config(ROOT / "configs" / "qwen3-4b.yaml")  # canvas sized to the text: fonts only
     assert all("side" not in o for o in half_font_overrides(real))
-    assert k_values(real, None) == (2500, 10000, 40000)
+    assert k_values(real, None) == (2500, 5000, 10000, 20000, 40000)  # the paper's grid
     assert k_values(tiny, [64, 256]) == (64, 256, 512)  # the config's K is always a point
 
 
@@ -344,8 +344,8 @@ def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path
     lines = [x for x in out.splitlines() if not x.startswith("#")]
     train = [x for x in lines if "dlr_jax.train" in x]
     assert all("configs/qwen3-4b.yaml" in x and "init_from=/weights/qwen3-4b" in x for x in train)
-    assert all("dlr_jax.eval.evaluate --workdir" in x for x in lines if x not in train)  # evaluate reads the workdir
-    assert sum("--stage codebook" in x for x in lines) == 2 * 4  # main, K/4, 4K, half font per seed
+    assert all("dlr_jax.evaluate --workdir" in x for x in lines if x not in train)  # evaluate reads the workdir
+    assert sum("--stage codebook" in x for x in lines) == 2 * 6  # main, K/4, K/2, 2K, 4K, half font per seed
     assert any("latent.num_latents=40000" in x for x in lines) and any("--force-latents 8" in x for x in lines)
     assert "seed1/no_align" in out and "(todo)" in out
 
@@ -630,7 +630,7 @@ def test_report_gives_each_method_its_training_steps_and_flags_unequal_budgets(t
 @pytest.mark.slow
 def test_main_end_to_end_on_a_micro_config(tmp_path):
     """`main --seeds 1`: every stage (codebook latents, process reward on), four evaluations, the table;
-    a rerun skips everything (1.5 min on 2 idle cores; 3.6 to 9.5 min while the machine was shared)."""
+    a rerun skips everything."""
     from tests.cli_micro import MICRO, child_env, micro_yaml
     from tests.micro import codebook_nets
 

@@ -366,7 +366,7 @@ def test_out_major_weight_copies_stay_sharded_on_a_tensor_parallel_mesh():
 def test_decode_loop_reads_layer_weights_without_copying_them(model):
     """Scanning the stacked layers inside the decode loop slices every layer's weights out of the
     stacked arrays on every token, and XLA:CPU copies each slice (the whole model's weights per token,
-    ~20 % of a decode step's op time on the bench's medium model). The sampler slices them once per
+    a large share of a decode step's op time in the sampling benchmark's profile). The sampler slices them once per
     call (`Transformer.layer_slices`): no dynamic slice of a weight matrix is left, no layer's cache
     is copied, and the greedy tokens are the same."""
     import re

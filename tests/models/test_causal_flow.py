@@ -186,7 +186,7 @@ def test_encoder_on_rendered_images():
     image, n_tokens = render_cot(LONG_COT, font_size=17)
     assert image.size == (side, side) and n_tokens == n
     px = normalize_images(np.stack([np.asarray(image)] * 2))
-    # The real initialiser (rbg keys: threefry costs ~3x more compilation on CPU).
+    # The real initialiser (rbg keys: threefry costs far more compilation on CPU).
     enc = Encoder(TINY_ENCODER, rngs=nnx.Rngs(params=jax.random.key(0, impl="rbg")))
     h = np.asarray(_encode(enc, px))
     assert h.shape == (2, n, TINY_FLOW.hidden_size) and np.isfinite(h).all()

@@ -82,8 +82,8 @@ def test_no_device_gathers_the_table_to_look_rows_up(shape, rules):
     assert not _table_shaped(compiled.as_text(), whole), _table_shaped(compiled.as_text(), whole)
     assert compiled.memory_analysis().temp_size_in_bytes < 4 * shard[0] * shard[1]
 
-    # The control: a lookup from the table viewed as split on its embed dim only (the model's before
-    # 2026-11-28) all-gathers the vocab dim onto every device.
+    # The control: a lookup from the table viewed as split on its embed dim only (the model's former
+    # layout) all-gathers the vocab dim onto every device.
     if _vocab_parallel(mesh, rules, (B, T)) > 1:
         _, lower_old = _jit(lambda t, i: jnp.take(sh.constrain(t, (None, "embed")), i, axis=0), mesh, rules)
         old = lower_old(table_s, ids_s)

@@ -261,7 +261,7 @@ def test_sharded_creation_matches_single_device(tok, ids):
         pytest.skip(f"needs 8 (fake) devices, have {len(jax.devices())}")
     mesh = make_mesh(1, 4, 2)
     cfg = LatentConfig.from_tokenizer(tok, DC)
-    # An "rbg" key: threefry init compiles ~4x slower on this CPU and is not what is tested here.
+    # An "rbg" key: threefry init compiles far slower on a CPU and is not what is tested here.
     make = lambda: build_latent_lm(_mcfg(tok.text_vocab_size), cfg,
                                    rngs=nnx.Rngs(params=jax.random.key(7, impl="rbg")))
     sharded = create_sharded(make, mesh)

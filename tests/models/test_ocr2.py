@@ -130,3 +130,87 @@ def test_codebook_quantize_points(pair):
         # The first nv query outputs equal the full-table run (causal queries), then the separator.
         np.testing.assert_allclose(np.asarray(emb)[:, :nv], full[:, :nv], atol=TOL, rtol=0)
         np.testing.assert_allclose(np.asarray(emb)[:, nv], full[:, -1], atol=TOL, rtol=0)
+
+
+# ---- KV-cached decoding (models/ocr2_reader.py driven by generate.sampler.Sampler) ---------------------------
+
+GEN = 12  # greedy tokens compared
+
+
+def _hf_greedy(ref, ids: list[int], px: np.ndarray | None = None) -> list[int]:
+    """transformers' generate, one row at a time (no padding), greedy, never stopping early."""
+    image = {} if px is None else {"pixel_values": torch.from_numpy(px)}
+    with torch.no_grad():
+        out = ref.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                           max_new_tokens=GEN, do_sample=False, eos_token_id=None, **image)
+    return out[0, len(ids):].tolist()
+
+
+def _text_prompts() -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [rng.integers(3, IMAGE_TOKEN, n).tolist() for n in (5, 9)]
+
+
+def _reader(ours, rows=None, mesh=None):
+    import jax
+
+    from dlr_jax.models.ocr2_reader import Ocr2Reader
+
+    rows = jnp.zeros((1, ours.cfg.text.base.hidden_size)) if rows is None else rows
+    if mesh is not None:  # beside the sharded decoder: replicated over its mesh
+        rows = jax.device_put(rows, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    return Ocr2Reader(ours.text, rows)
+
+
+def test_kv_cached_greedy_matches_transformers_generate(pair):
+    """Text only: two prompts of different lengths in one batch (left-padded by the Sampler) decode the
+    tokens transformers' generate gives each alone."""
+    from dlr_jax.generate.sampler import Sampler
+
+    ref, _, ours, _ = pair
+    prompts = _text_prompts()
+    want = [_hf_greedy(ref, p) for p in prompts]
+    got = Sampler(_reader(ours), prompt_bucket=8).generate(prompts, max_new_tokens=GEN)
+    assert got.tokens.tolist() == want and len(set(map(tuple, want))) == 2
+
+
+@pytest.mark.slow
+def test_kv_cached_greedy_with_vision_tokens_matches_transformers_generate(pair):
+    """The image embeddings (projected flow outputs + view separator) as rows the prompt names where the
+    image tokens were; in a batch with a text-only prompt of another length."""
+    from dlr_jax.generate.sampler import Sampler
+
+    ref, cfg, ours, _ = pair
+    ids, px = _image_prompt(3)
+    ids, px = ids[:1].tolist()[0], px[:1]
+    want = [_hf_greedy(ref, ids, px), _hf_greedy(ref, _text_prompts()[0])]
+    rows = nnx.jit(lambda m, x: m.image_embeddings(x))(ours, jnp.asarray(px.transpose(0, 2, 3, 1)))[0]
+    v = cfg.text.base.vocab_size
+    named = [t for t in ids]
+    where = [i for i, t in enumerate(ids) if t == IMAGE_TOKEN]
+    for j, i in enumerate(where):
+        named[i] = v + j
+    assert len(where) == rows.shape[0] == SMALL_TABLE + 1
+    got = Sampler(_reader(ours, rows), prompt_bucket=8).generate([named, _text_prompts()[0]], max_new_tokens=GEN)
+    assert got.tokens.tolist() == want
+    assert want[0] != _hf_greedy(ref, [IMAGE_TOKEN if t == IMAGE_TOKEN else t for t in ids])  # the image matters
+
+
+def test_kv_cached_decoding_sharded_over_8_devices_equals_one_device(pair):
+    """Experts and weights split over fsdp=8, the batch over the mesh: the same greedy tokens."""
+    import jax
+
+    from dlr_jax.core.sharding import make_mesh
+    from dlr_jax.generate.sampler import Sampler
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    ref, _, ours, d = pair
+    mesh = make_mesh(1, 8, 1)
+    _, many = load_ocr2(d, mesh=mesh)
+    prompts = _text_prompts() * 4  # 8 rows: one a device
+    want = Sampler(_reader(ours), prompt_bucket=8).generate(prompts, max_new_tokens=GEN).tokens
+    sampler = Sampler(_reader(many, mesh=mesh), mesh=mesh, prompt_bucket=8)
+    got = sampler.generate(prompts, max_new_tokens=GEN).tokens
+    np.testing.assert_array_equal(got, want)
+    assert many.text.moe.expert_gate[...].sharding.spec[1] == "fsdp"

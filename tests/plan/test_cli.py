@@ -90,9 +90,12 @@ def test_recipe_totals_sit_beside_the_papers(capsys):
             "--json", *sum((["--set", s] for s in SMALL[:8]), []), "--set", "data.max_len=64"]
     assert plan.main(args) == 0
     r = json.loads(capsys.readouterr().out)
-    # GSM8K-Aug: 385,620 - 85,620 RL = 300,000 SFT examples, 3 epochs at 64 = 14,063 steps
-    assert (r["stage_examples"], r["stage_steps"]) == (300_000, 14_063)
-    assert r["paper_total_flops"] == 208e15 and r["stage_total_flops"] == pytest.approx(14_063 * r["flops_per_step"])
+    # GSM8K-Aug: align reads all 385,620 examples (the RL part too, as the paper), 3 epochs at 64 = 18,076 steps
+    assert (r["stage_examples"], r["stage_steps"]) == (385_620, 18_076)
+    assert r["paper_total_flops"] == 208e15 and r["stage_total_flops"] == pytest.approx(18_076 * r["flops_per_step"])
+    assert plan.stage_total_flops(load_config(ROOT / "configs" / "paper" / "gsm8k.yaml", ["data.align_part=sft"]),
+                                  "align", 1.0, types.SimpleNamespace(steps_per_epoch_examples=64))["stage_examples"] \
+        == 300_000  # the SFT part: 385,620 - 85,620 RL
 
 
 def test_cli_refuses_a_run_s_mesh_sizes_and_a_search_without_a_roofline(capsys):
@@ -308,6 +311,29 @@ def test_codebook_plan_on_a_deepseek_ocr2_checkpoint(tmp_path):
     assert any("from-scratch" in n for n in scratch.notes)
 
 
+def test_sft_plan_with_the_ocr2_decoder_as_the_dual_branch(tmp_path):
+    # on a DeepSeek-OCR-2 codebook the branch is its MoE decoder (from config.json alone) behind a map from the
+    # LM's width; its parameters are trainable beside the LM's
+    from tests.hf_fixtures import save_tiny_ocr2
+
+    save_tiny_ocr2(tmp_path / "ckpt", seed=0, small=True)
+    ckpt = _config_only(tmp_path / "ckpt", tmp_path / "config_only", ("config.json", "tokenizer.json"))
+    cfg = _ocr2_cfg(ckpt, *SMALL[:-1], "latent.dual_branch=on", "latent.source=codebook", "data.pack=false")
+    one = {"data": 1, "fsdp": 1, "tensor": 1}
+    from dlr_jax.plan.programs import build_program
+    from dlr_jax.plan.targets import target_mesh
+
+    prog = build_program(cfg, "sft", target_mesh(TARGETS["cpu"], one))
+    batch = prog.args[3]
+    assert batch["ocr_targets"].shape == (1, 16, 40) and batch["ocr_codes"].shape == (1, 16, 4)
+    assert "with the dual-branch OCR decoder" in prog.notes
+    from flax import nnx
+
+    trained = {"/".join(map(str, k)) for k, _ in nnx.to_flat_state(prog.args[0])}
+    assert {"ocr/prefix_map", "ocr/projector", "ocr/view_separator"} <= trained
+    assert any(k.startswith("ocr/text/moe/") for k in trained)
+
+
 def test_sft_dual_branch_plan_follows_auto_as_the_stage_does(tmp_path):
     from dlr_jax.plan.programs import plans_dual_branch
 
@@ -318,11 +344,10 @@ def test_sft_dual_branch_plan_follows_auto_as_the_stage_does(tmp_path):
     assert branch("latent.dual_branch=auto", "latent.source=codebook", "data.pack=false")
     assert not branch("latent.dual_branch=auto", "latent.source=random")
     ocr2 = ["codebook.init_from=/weights/ocr2", "latent.source=codebook", "data.pack=false"]
-    assert not branch("latent.dual_branch=auto", *ocr2)  # an OCR-2 codebook has no character decoder
-    assert not branch("latent.dual_branch=auto", *ocr2[:-1], "data.pack=true")  # off: packing is fine
+    assert branch("latent.dual_branch=auto", *ocr2) and branch("latent.dual_branch=on", *ocr2)  # D_ocr: OCR-2's
     # what sft refuses, the plan refuses
-    with pytest.raises(ConfigError, match="dual_branch=on trains the character OCR decoder"):
-        branch("latent.dual_branch=on", *ocr2)
+    with pytest.raises(ConfigError, match="needs one example per row"):
+        branch("latent.dual_branch=auto", *ocr2[:-1], "data.pack=true")
     with pytest.raises(ConfigError, match="needs latent.source=codebook"):
         branch("latent.dual_branch=on", "latent.source=random")
     with pytest.raises(ConfigError, match="needs one example per row"):
@@ -332,7 +357,7 @@ def test_sft_dual_branch_plan_follows_auto_as_the_stage_does(tmp_path):
 def test_search_varies_the_codebook_s_own_remat_and_grad_accum(monkeypatch, cfg):
     tried = []
 
-    def fake_plan(c, stage, target, mesh):
+    def fake_plan(c, stage, target, mesh, lengths=None):
         tried.append((c.codebook.remat, c.codebook.train.grad_accum, c.model.remat))
         return {"fits": True, "roofline_step_s": 1.0}
 

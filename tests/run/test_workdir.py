@@ -252,3 +252,39 @@ def test_the_recorded_config_names_its_own_workdir(tmp_path):
     cfg = load_config(ROOT / "configs" / "tiny.yaml")  # run.workdir: the YAML's default, runs/tiny
     prepare_workdir(cfg, tmp_path / "w")
     assert load_config(tmp_path / "w" / "config.yaml").run.workdir == str(tmp_path / "w")
+
+
+def test_the_run_that_takes_the_lock_removes_temporary_files_that_killed_writes_left(tmp_path, capsys):
+    """A SIGKILL between an atomic write and its rename leaves `.<name>.<host>.<pid>.<random>.tmp` behind: the next run
+    removes those whose writer is gone from this host, or that another host left untouched for an hour; a live
+    writer's file and anything not named so stay."""
+    import time
+
+    from dlr_jax.core.files import TEMP_NAME, atomic_path
+    from dlr_jax.run.workdir import STALE_FOREIGN_S
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    w = tmp_path / "w"
+    w.mkdir()
+    _record(cfg, w)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid, host = int(gone.stdout), socket.gethostname()
+    (w / "sft" / "eval").mkdir(parents=True)
+    stale = [w / f".config.yaml.{host}.{dead_pid}.0123abcd.tmp", w / "sft" / "eval" / f".results.json.{host}."
+             f"{dead_pid}.89abcdef.tmp", w / ".meta.json.other-host.example.org.42.00000000.tmp"]
+    kept = [w / f".config.yaml.{host}.{os.getpid()}.0123abcd.tmp",  # a live writer (this process)
+            w / ".meta.json.other-host.example.org.43.00000000.tmp",  # another host's, written just now
+            w / "notes.tmp", w / "sft" / "eval" / ".hidden.tmp"]  # not atomic_path's names
+    for p in stale + kept:
+        p.write_text("x")
+    old = time.time() - STALE_FOREIGN_S - 60
+    os.utime(stale[2], (old, old))
+    with atomic_path(w / "probe.txt") as tmp:  # the pattern is the one atomic_path names its files by
+        tmp.write_text("x")
+        m = TEMP_NAME.match(tmp.name)
+        assert m and m["name_host"] == f"probe.txt.{host}" and int(m["pid"]) == os.getpid()
+    with open_run(cfg, w):
+        pass
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in kept)
+    assert "removed 3 temporary file(s) that killed writes left behind" in capsys.readouterr().out

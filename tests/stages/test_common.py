@@ -108,3 +108,43 @@ def test_a_checkpoint_keeps_the_yamls_compute_and_parameter_dtypes(tmp_path, fam
     assert {str(x.dtype) for x in jax.tree.leaves(nnx.state(model, nnx.Param))} == {"float32"}
     arch = backbone_architecture(cfg)
     assert (arch.dtype, arch.param_dtype) == (model.cfg.dtype, model.cfg.param_dtype)
+
+
+
+def test_align_reads_the_whole_split_when_told_and_the_protocol_records_it(tmp_path, monkeypatch):
+    """data.align_part=all (the paper: "all 385K for latent-text alignment, 300K for SFT, and the remaining 85K
+    for RL"): align reads the SFT and the RL parts, the split itself is unchanged, and data_protocol.json says so."""
+    import json
+    import types
+
+    from dlr_jax.data.protocol import PROTOCOL_FILE
+    from dlr_jax.stages import align, common
+    from dlr_jax.stages.common import stage_examples
+
+    tok = types.SimpleNamespace(encode_plain=str.split)
+    base = ["data.synthetic_train=40", "data.rl_split=8"]
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", base)
+    ids = {p: {ex.id for ex in stage_examples(cfg, tmp_path / "a", p, tok)} for p in ("sft", "rl", "all")}
+    assert (len(ids["sft"]), len(ids["rl"])) == (32, 8) and ids["all"] == ids["sft"] | ids["rl"]
+    recorded = json.loads((tmp_path / "a" / PROTOCOL_FILE).read_text())
+    assert "align_part" not in recorded  # the default keeps the record workdirs made before the key existed
+    cfg_all = load_config(ROOT / "configs" / "tiny.yaml", [*base, "data.align_part=all"])
+    assert {ex.id for ex in stage_examples(cfg_all, tmp_path / "b", "sft", tok)} == ids["sft"]  # the same split
+    assert json.loads((tmp_path / "b" / PROTOCOL_FILE).read_text()) == {**recorded, "align_part": "all"}
+    with pytest.raises(ValueError, match=r"differs from the recorded one in \['align_part'\]"):
+        stage_examples(cfg_all, tmp_path / "a", "sft", tok)  # one workdir, one protocol
+    with pytest.raises(ConfigError, match="data.align_part must be sft|all"):
+        load_config(ROOT / "configs" / "tiny.yaml", ["data.align_part=rl"])
+
+    # which part each latent stage asks for (stopped there: nothing is trained)
+    asked = []
+
+    def _stop(cfg, workdir, part, tok, train=None):
+        asked.append(part)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common, "stage_examples", _stop)
+    for c in (cfg, cfg_all):
+        with pytest.raises(KeyboardInterrupt):
+            align.run(c, tmp_path / f"run{len(asked)}")
+    assert asked == ["sft", "all"]

@@ -91,16 +91,31 @@ def setup(tmp_path_factory, compile_cache):
 # When the branch is on.
 
 
-def test_an_ocr2_codebook_turns_auto_off_and_on_names_the_way_out(tmp_path):
-    """An OCR-2 codebook has no character decoder for the branch: `auto` runs sft without it, `on` is refused
-    with a command that the workdir accepts (only sft reads the switch: workdir.SAFE_IN_UNSAFE)."""
+def test_an_ocr2_codebook_makes_its_decoder_the_branch(tmp_path):
+    """On a DeepSeek-OCR-2 codebook D_ocr is its fine-tuned MoE decoder: `auto` and `on` train it, with targets in
+    the checkpoint's tokens (the tokenizer the codebook stage copied beside its params)."""
+    from dlr_jax.models.ocr2 import ocr2_config_from_hf
+    from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig
+    from tests.hf_fixtures import build_tiny_ocr2, tiny_char_tokenizer
+
+    ocfg = ocr2_config_from_hf(build_tiny_ocr2(small=True).config.to_dict())
+    mcfg = Ocr2CodebookConfig(ocfg, K, max_text_len=12)
     d = final_dir(tmp_path, "codebook")
     d.mkdir(parents=True)
-    (d / "meta.json").write_text(json.dumps({"kind": "codebook", "model": {"kind": "ocr2"}}))
-    assert sft.resolve_dual_branch(_cfg(), tmp_path) is None
-    assert sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path) is None  # no branch: packed rows are fine
-    with pytest.raises(ValueError, match="--set latent.dual_branch=off --set run.allow_config_change=true"):
-        sft.resolve_dual_branch(_cfg("latent.dual_branch=on"), tmp_path)
+    (d / "meta.json").write_text(json.dumps({"kind": "codebook", "model": mcfg.to_dict()}))
+    tiny_char_tokenizer().save(str(d / "tokenizer.json"))
+    for mode in ("auto", "on"):
+        branch = sft.resolve_dual_branch(_cfg(f"latent.dual_branch={mode}"), tmp_path)
+        assert branch is not None and branch.ocr2 and branch.decoder_cfg == mcfg
+    kw = branch.data_kwargs()
+    assert kw["ocr_text_len"] == 12 and kw["ocr_view"] == "cot"
+    ids, cut = kw["ocr_encode"]("<<2*3=6>>", 12)
+    want = tiny_char_tokenizer().encode("<<2*3=6>>", add_special_tokens=False).ids
+    assert ids.tolist() == [*want, mcfg.eos_id, *[PAD] * (11 - len(want))] and not cut
+    assert kw["ocr_encode"]("9" * 20, 12)[1]  # cut (the data pipeline counts it)
+    with pytest.raises(ValueError, match="data.pack=false"):
+        sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path)
+    assert sft.resolve_dual_branch(_cfg("latent.dual_branch=off"), tmp_path) is None
 
 
 def test_config_values():

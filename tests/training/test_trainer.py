@@ -89,7 +89,7 @@ def _step_while_loops(tmp_path, grad_accum):
 
 
 def test_single_micro_batch_step_is_not_wrapped_in_a_loop(tmp_path):
-    # XLA:CPU ran the codebook step 5x slower inside a length-1 scan than as straight-line code, so
+    # XLA:CPU runs the codebook step several times slower inside a length-1 scan than as straight-line code, so
     # grad_accum=1 must not loop over micro-batches (the model's own layer scans stay).
     one, four = _step_while_loops(tmp_path / "1", 1), _step_while_loops(tmp_path / "4", 4)
     assert one < four, (one, four)

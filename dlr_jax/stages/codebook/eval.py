@@ -1,4 +1,4 @@
-"""The codebook stage's held-out report (DESIGN §1; step 4 of stages/codebook.py): held-out CoTs decoded
+"""The codebook stage's held-out report (step 4 of stages/codebook/stage.py): held-out CoTs decoded
 greedily from their own ids, from ids shuffled across examples of the same N (a decoder that ignores the
 codes scores the same on both) and from the continuous features, scored by CER and by the final number
 read back; and the stage's closing summary line. `codebook.run` puts the report under "held_out" in

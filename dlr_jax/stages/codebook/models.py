@@ -11,6 +11,10 @@ Sequences of any length share batches (prefixes left-padded and masked); batch r
 lengths and length caps are rounded up to a few buckets, so RL's varying latent counts compile a
 handful of programs, not one per length. It implements `dlr_jax.rewards.process.LatentDecoder` (the
 RL process reward) and serves interpretability (latent trajectory -> text).
+
+On a DeepSeek-OCR-2 codebook, `Ocr2LatentDecoder` does the same with the fine-tuned OCR-2 MoE decoder
+(KV-cached greedy decoding through the LM's `Sampler`, models/ocr2_reader.py); `load_decoder` picks the one
+the workdir's codebook needs.
 """
 
 from __future__ import annotations
@@ -103,6 +107,58 @@ def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
+class Ocr2LatentDecoder:
+    """`decode(codes) -> list[str]` with the OCR-2 decoder (`ocr2_branch.Ocr2CodeDecoder`): KV-cached greedy
+    decoding of `<bos> [code rows] [view separator] [OCR prompt]` (`ocr2_reader.code_prompt`) by the LM's
+    `Sampler` (jitted prefill + `while_loop` decode, batch sharded over `mesh`), up to <eos> or `max_len` tokens,
+    then the OCR-2 tokenizer's text. Code sequences of any length share a batch (the Sampler left-pads);
+    batches are padded to a power of two rows (<= batch_size) so a few shapes compile. An empty list gives "".
+
+    decoder: an `Ocr2CodeDecoder`; tok: the checkpoint's `tokenizers.Tokenizer`; max_len: tokens generated at
+    most (default the codebook's max_text_len, which includes <eos>)."""
+
+    def __init__(self, decoder: Any, tok: Any, *, batch_size: int = 64, max_len: int | None = None,
+                 mesh: Mesh | None = None, rules: Any = "fsdp", prompt_bucket: int = 32):
+        from dlr_jax.generate.sampler import Sampler
+
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.cfg, self.tok, self.batch_size = decoder.cfg, tok, batch_size
+        self.max_len = int(max_len or decoder.cfg.max_text_len)
+        self.num_codes = decoder.num_codes
+        self.reader = decoder.reader()
+        self.sampler = Sampler(self.reader, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket)
+
+    def prompt(self, codes: Sequence[int]) -> list[int]:
+        from dlr_jax.models.ocr2_reader import code_prompt
+
+        return code_prompt(list(codes), text_vocab=self.reader.text_vocab, num_codes=self.num_codes,
+                           bos_id=self.cfg.bos_id, prompt_ids=self.cfg.prompt_ids)
+
+    def decode(self, codes: Sequence[Sequence[int]], limits: Sequence[int] | None = None) -> list[str]:
+        """One string per code sequence; `limits[i]` caps sequence i's tokens (incl. <eos>)."""
+        rows = []
+        for i, z in enumerate(codes):
+            z = np.asarray(z, np.int64).reshape(-1)
+            if z.size and (z.min() < 0 or z.max() >= self.num_codes):
+                bad = z[(z < 0) | (z >= self.num_codes)][:5].tolist()
+                raise ValueError(f"decode: sequence {i} has codes {bad} outside [0, {self.num_codes})")
+            rows.append(z.tolist())
+        limits = [self.max_len] * len(rows) if limits is None else [min(int(x), self.max_len) for x in limits]
+        out = [""] * len(rows)
+        todo = sorted((i for i, z in enumerate(rows) if z), key=lambda i: len(rows[i]))
+        eos = self.cfg.eos_id
+        for s in range(0, len(todo), self.batch_size):
+            chunk = todo[s:s + self.batch_size]
+            prompts = [self.prompt(rows[i]) for i in chunk]
+            prompts += [prompts[-1]] * (min(self.batch_size, _pow2(len(chunk))) - len(chunk))
+            res = self.sampler.generate(prompts, max_new_tokens=self.max_len, stop_ids=[eos], pad_id=eos)
+            for r, i in enumerate(chunk):
+                ids = res.tokens[r, : min(int(res.lengths[r]), limits[i])].tolist()
+                out[i] = self.tok.decode([t for t in ids if t != eos], skip_special_tokens=True)
+        return out
+
+
 def encode_ids(model: CodebookModel, texts: Sequence[str], cb: Any, *, num_workers: int = 0
                ) -> tuple[list[list[int]], list[np.ndarray], float | None]:
     """Deterministic (mean font) rendering -> nearest code ids per text, features per text, and the
@@ -170,30 +226,72 @@ def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = No
     if not (final_dir(workdir, CODEBOOK) / "meta.json").is_file():
         return None
     check_render_view(cfg, workdir)
-    if read_meta(final_dir(workdir, CODEBOOK))["model"].get("kind") == "ocr2":
-        # LatentDecoder greedy-decodes the character decoder; an OCR-2 decoder has no cached decoding yet
-        print(f"[codebook] {final_dir(workdir, CODEBOOK)} is a DeepSeek-OCR-2 codebook: no latent decoder for "
-              "the process reward yet", flush=True)
-        return None
-    return load_decoder(workdir, mesh=mesh, batch_size=cfg.codebook.eval_batch_size)
+    return load_decoder(workdir, mesh=mesh, batch_size=cfg.codebook.eval_batch_size, rules=cfg.mesh.rules)
 
 
-def load_ocr_decoder(workdir: str | Path, mesh: Mesh | None = None) -> OCRBranch | None:
-    """Stage sft's dual-branch decoder (with frozen code rows) from <workdir>/sft/decoder, or None."""
+OCR2_DECODER = "ocr2_decoder"  # meta kind of sft's dual-branch decoder on an OCR-2 codebook
+
+
+def load_ocr_decoder(workdir: str | Path, mesh: Mesh | None = None) -> Any:
+    """Stage sft's dual-branch decoder (with frozen code rows) from <workdir>/sft/decoder, or None: an
+    `OCRBranch` (character decoder) or, on an OCR-2 codebook, an `ocr2_branch.Ocr2CodeDecoder`."""
     d = decoder_dir(workdir)
     if not (d / "meta.json").is_file():
         return None
     meta = read_meta(d)
+    if meta.get("kind") == OCR2_DECODER:
+        from dlr_jax.models.ocr2_branch import Ocr2CodeDecoder
+        from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig
+
+        ocfg, k = Ocr2CodebookConfig.from_dict(meta["model"]), int(meta["num_codes"])
+        return restore_params(lambda: Ocr2CodeDecoder(ocfg, k, rngs=nnx.Rngs(0)), d, mesh)
     if meta.get("kind") != "ocr_decoder":
-        raise ValueError(f"{d / 'meta.json'}: kind is {meta.get('kind')!r}, expected 'ocr_decoder'")
+        raise ValueError(f"{d / 'meta.json'}: kind is {meta.get('kind')!r}, expected 'ocr_decoder' or "
+                         f"{OCR2_DECODER!r}")
     dcfg = CodebookModelConfig.from_dict(meta["model"])
     k, f = int(meta["num_codes"]), int(meta["feature_dim"])
     return restore_params(lambda: OCRBranch(dcfg, f, rngs=nnx.Rngs(0), code_rows=jnp.zeros((k, f))), d, mesh)
 
 
-def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: int = 64) -> LatentDecoder:
+def load_decoder(workdir: str | Path, *, mesh: Mesh | None = None, batch_size: int = 64,
+                 rules: Any = "fsdp") -> LatentDecoder | Ocr2LatentDecoder:
     """The OCR decoder: stage sft's dual-branch decoder (<workdir>/sft/decoder, trained on the sft
     model's latent rows, which it carries) when sft wrote one, else the codebook stage's
-    (<workdir>/codebook/final)."""
+    (<workdir>/codebook/final). On a DeepSeek-OCR-2 codebook, the fine-tuned OCR-2 decoder with KV-cached
+    decoding (`Ocr2LatentDecoder`, reading text with the checkpoint's tokenizer)."""
     model = load_ocr_decoder(workdir, mesh)
-    return LatentDecoder(model if model is not None else load_codebook_model(workdir, mesh), batch_size=batch_size)
+    if model is None:
+        model = load_codebook_model(workdir, mesh)
+        if read_meta(final_dir(workdir, CODEBOOK))["model"].get("kind") == "ocr2":
+            from dlr_jax.models.ocr2_branch import Ocr2CodeDecoder
+
+            model = Ocr2CodeDecoder.from_codebook_model(model)
+    if not isinstance(model, CodebookModel | OCRBranch):
+        return Ocr2LatentDecoder(model, load_ocr2_tokenizer(workdir), batch_size=batch_size, mesh=mesh, rules=rules)
+    return LatentDecoder(model, batch_size=batch_size)
+
+
+OCR2_TOKENIZER = "tokenizer.json"  # the checkpoint's, copied next to an OCR-2 codebook stage's final params
+
+
+def load_ocr2_tokenizer(workdir: str | Path) -> Any:
+    """The DeepSeek-OCR-2 tokenizer of an OCR-2 codebook (`load_ocr2_tokenizer_file`)."""
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(str(load_ocr2_tokenizer_file(workdir)))
+
+
+def load_ocr2_tokenizer_file(workdir: str | Path) -> Path:
+    """<workdir>/codebook/final/tokenizer.json (an OCR-2 codebook stage copies the checkpoint's there), else
+    codebook.init_from's as the workdir's config.yaml records it."""
+    f = final_dir(workdir, CODEBOOK) / OCR2_TOKENIZER
+    if not f.is_file():
+        from dlr_jax.config import load_config
+
+        recorded = Path(workdir) / "config.yaml"
+        init_from = load_config(recorded).codebook.init_from if recorded.is_file() else ""
+        f = Path(init_from) / OCR2_TOKENIZER if init_from else f
+    if not f.is_file():
+        raise FileNotFoundError(f"{f}: the DeepSeek-OCR-2 tokenizer is needed to read the OCR-2 decoder's tokens; "
+                                "rerun the codebook stage, or put the checkpoint's tokenizer.json there")
+    return f

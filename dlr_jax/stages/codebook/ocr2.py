@@ -119,6 +119,30 @@ def token_targets(tok: Any, texts: list[str], max_len: int, eos: int) -> np.ndar
     return out
 
 
+class OcrTokenEncoder:
+    """`(text, length) -> (ids [length] int32, cut)`: a CoT as the OCR-2 decoder's targets (`token_targets`'s
+    row: tokens cut to length - 1, <eos>, PAD) and whether it was cut. Stage sft's dual branch passes it to the
+    data pipeline (`ocr_encode`); it pickles as the tokenizer file's path, so grain workers load their own."""
+
+    def __init__(self, tokenizer_file: str | Path, eos: int):
+        self.path, self.eos = str(tokenizer_file), int(eos)
+        self._tok: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "eos": self.eos, "_tok": None}
+
+    def __call__(self, text: str, length: int) -> tuple[np.ndarray, bool]:
+        if self._tok is None:
+            import tokenizers
+
+            self._tok = tokenizers.Tokenizer.from_file(self.path)
+        ids = tokenize(self._tok, text)
+        row = np.full((length,), PAD, np.int32)
+        kept = ids[: length - 1] + [self.eos]
+        row[: len(kept)] = kept
+        return row, len(ids) > length - 1
+
+
 class TokenTargets:
     """Wraps a render-pipeline iterator: `targets` become token ids of the batch's CoTs (by `index`)."""
 
@@ -193,7 +217,8 @@ def held_out_report(model: Ocr2CodebookModel, texts: list[str], cb: Any, tok: An
                     ) -> dict[str, Any]:
     """Held-out teacher-forced token CE / accuracy from each example's own code ids vs ids shuffled
     across examples of the same N (a decoder that ignores the codes scores the same on both), and
-    code usage. (Greedy OCR with the MoE decoder needs a KV-cached decoder: not written yet.)"""
+    code usage. (Greedy OCR of these ids: `models.Ocr2LatentDecoder`, which RL's process reward and `interpret`
+    use; the report stays teacher-forced.)"""
     from dlr_jax.stages.codebook.models import encode_ids
 
     ids, _, rate = encode_ids(model, texts, cb)

@@ -1,4 +1,4 @@
-"""Stage codebook (DESIGN §1): learn a discrete codebook by rendering CoTs and reading them back.
+"""Stage codebook (the paper's stage 1): learn a discrete codebook by rendering CoTs and reading them back.
 
     image --encoder--> H --nearest code (+ N(0, sigma^2) noise)--> H_st --OCR decoder--> CoT text
     loss = CE(H_st) + alpha(step) * CE(H) + lambda_vq * (||sg(H) - C||^2 + beta ||H - sg(C)||^2)
@@ -14,7 +14,7 @@ Order of work (each part resumes):
   2. k-means warm start of the codebook on encoder features of `kmeans_init_batches` rendered
      batches (skipped when resuming the main phase);
   3. the main phase: alpha decays 1 -> 0 linearly over `alpha_steps` steps (-1 = one epoch, the
-     paper; from scratch that is too short, DESIGN "Facts checked"); once alpha is 0 the batches
+     paper; from scratch that is too short: the decoder learns a language prior first); once alpha is 0 the batches
      stop carrying an `alpha` field, the step is retraced without the continuous branch and CE(H)
      costs nothing. Teacher-forced decoder inputs lose `char_dropout` of their characters.
      Unused codes can be refreshed every `dead_code_every` steps from recent features.
@@ -22,10 +22,10 @@ Order of work (each part resumes):
      shuffled across examples of the same N (a decoder that ignores the codes scores the same on
      both), codebook usage.
 
-Writes <workdir>/codebook/{codebook.npy [K, d_c], report.json, final/ (params + meta.json),
-checkpoints/, metrics.jsonl}. Metrics per log step: ce_q (CE(H_st) per char), ce_c, vq, commit,
-perplexity / used_codes (of the batch), char_accuracy, images_per_token (images/s =
-tokens_per_s * images_per_token).
+Writes <workdir>/codebook/{codebook.npy [K, d_c], report.json, corpus.json (the corpus's sources and
+sample sizes), final/ (params + meta.json), checkpoints/, metrics.jsonl}. Metrics per log step: ce_q
+(CE(H_st) per char), ce_c, vq, commit, perplexity / used_codes (of the batch), char_accuracy,
+images_per_token (images/s = tokens_per_s * images_per_token).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -48,7 +49,8 @@ from dlr_jax.core.files import atomic_path, write_text_atomic
 from dlr_jax.core.metrics_log import ProfileWindow
 from dlr_jax.core.sharding import create_sharded, host_value, put_global
 from dlr_jax.data import render_pipeline as rp
-from dlr_jax.data.sources import corpus_texts
+from dlr_jax.data.protocol import record
+from dlr_jax.data.sources import corpus, corpus_texts
 from dlr_jax.models.codebook_model import (
     CodebookModel,
     CodebookModelConfig,
@@ -62,11 +64,12 @@ from dlr_jax.run.checkpoint import save_params
 from dlr_jax.run.workdir import final_dir, stage_dir
 from dlr_jax.stages import common
 from dlr_jax.stages.codebook.eval import print_summary, reconstruction_report
-from dlr_jax.stages.codebook.models import encode_ids
+from dlr_jax.stages.codebook.models import OCR2_TOKENIZER, encode_ids
 from dlr_jax.text.ocr_text import VOCAB
 from dlr_jax.training.trainer import Trainer
 
 STAGE = "codebook"
+CORPUS_FILE = "corpus.json"  # <workdir>/codebook/corpus.json: the training corpus's sources, as read
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,9 +276,11 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
     from dlr_jax.stages.codebook.ocr2 import check_start
 
     check_start(cfg, "the codebook stage")
-    texts, held_out = corpus_texts(cfg), corpus_texts(cfg, held_out=True)  # inputs validate before any write
+    (texts, corpus_info), held_out = corpus(cfg), corpus_texts(cfg, held_out=True)  # inputs validate first
     common.prepare_workdir(cfg, workdir)
     out = stage_dir(workdir, STAGE)
+    # what the corpus was (per source: counts, sample seed, ids digest); a resume must read the same one
+    record(out, corpus_info, write=jax.process_index() == 0, name=CORPUS_FILE)
     mesh = common.make_mesh_for(cfg)
     tok = None
     if cb.init_from:  # pretrained DeepSeek-OCR-2 (stages/codebook_ocr2.py)
@@ -387,6 +392,9 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
                               "encoder_vq_images_per_s": enc_rate}
     if jax.process_index() == 0:  # every process holds the same report; one writes it
         write_text_atomic(out / "report.json", json.dumps(report, indent=2))
+    if tok is not None and jax.process_index() == 0:  # later stages read OCR-2 tokens back without init_from
+        final_dir(workdir, STAGE).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(cb.init_from) / OCR2_TOKENIZER, final_dir(workdir, STAGE) / OCR2_TOKENIZER)
     save_params(model, final_dir(workdir, STAGE),
                 {"stage": STAGE, "kind": "codebook", "model": mcfg.to_dict(), "codebook": to_dict(cb),
                  "steps": result.step})

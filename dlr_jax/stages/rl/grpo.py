@@ -1,6 +1,8 @@
-"""GRPO math as small pure functions: group advantages, the clipped surrogate, k3 KL, loss aggregation.
+"""GRPO math as small pure functions: group advantages, the clipped surrogate, k3 KL, loss aggregation, and
+what the field added since (DAPO's zero-variance filter and soft overlong penalty, GSPO's sequence-level
+ratio, truncated importance weights for the sampler/trainer mismatch).
 
-Semantics follow TRL's ``GRPOTrainer`` (token-level importance ratio, ``loss_type`` in
+Semantics follow TRL's ``GRPOTrainer`` (token- or sequence-level importance ratio, ``loss_type`` in
 ``{"grpo", "bnpo", "dr_grpo", "dapo"}``, ``scale_rewards`` in ``{"group", "batch", "none"}``) so numbers
 are comparable with runs made with TRL. Everything here is shape-static and jit-able; the string and
 float options (``loss_agg_mode``, ``beta``, ``scale``) are meant to be static arguments.
@@ -31,10 +33,15 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "k3_kl",
+    "mismatch_stats",
+    "soft_overlong_penalty",
+    "truncated_is_weights",
     "zero_std_fraction",
+    "zero_variance_groups",
 ]
 
 SCALE_MODES = ("group", "batch", "none")
+IS_LEVELS = ("token", "sequence")  # importance_sampling_level: per-token ratios (GRPO) or GSPO's sequence ratio
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "dr_grpo")
 # TRL's loss_type names, accepted as aliases so configs can say either.
 _AGG_ALIASES = {"bnpo": "token-mean", "dapo": "token-mean", "grpo": "seq-mean-token-mean"}
@@ -89,10 +96,67 @@ def group_advantages(
     return jnp.where(constant, 0.0, adv).reshape(-1)
 
 
-def zero_std_fraction(rewards: Float[Array, " b"], group_size: int) -> Float[Array, ""]:
-    """Share of groups whose rewards are all equal (zero advantage, no gradient): a GRPO health metric."""
+def zero_variance_groups(rewards: Float[Array, " b"], group_size: int, tol: float = 0.0) -> Array:
+    """``[B / group_size]`` bool: the groups whose rewards span at most ``tol`` (``max - min <= tol``).
+
+    DAPO's dynamic sampling drops these groups: their advantages are zero (or, for rewards equal only up
+    to float rounding, rounding noise divided by the std's eps), so they carry no learning signal. Rewards
+    are float sums of weighted parts (``0.1 + 0.2`` is not ``0.3`` to the bit), hence a tolerance rather
+    than exact equality; ``tol = 0`` is exact equality."""
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0, got {tol}")
     r = _grouped(jnp.asarray(rewards), group_size)
-    return jnp.mean((r.max(axis=1) == r.min(axis=1)).astype(jnp.float32))
+    return (r.max(axis=1) - r.min(axis=1)) <= tol
+
+
+def zero_std_fraction(rewards: Float[Array, " b"], group_size: int, tol: float = 0.0) -> Float[Array, ""]:
+    """Share of groups whose rewards are all equal (zero advantage, no gradient): a GRPO health metric.
+    ``tol``: see :func:`zero_variance_groups` (0 = equal to the bit)."""
+    return jnp.mean(zero_variance_groups(rewards, group_size, tol).astype(jnp.float32))
+
+
+def soft_overlong_penalty(lengths: Array, max_len: int, buffer: int) -> Float[Array, " b"]:
+    """DAPO's soft overlong punishment (its Eq. 13), a reward added to the task reward: 0 for a
+    completion of at most ``max_len - buffer`` tokens, then falling linearly to -1 at ``max_len``
+    (``((max_len - buffer) - length) / buffer``), and -1 beyond ``max_len``. ``lengths``: generated
+    tokens per rollout, stop token included; ``buffer``: DAPO's L_cache (4096 of 20480 in the paper)."""
+    if not 0 < buffer <= max_len:
+        raise ValueError(f"need 0 < buffer <= max_len, got buffer={buffer}, max_len={max_len}")
+    n = jnp.asarray(lengths).astype(jnp.float32)
+    soft = ((max_len - buffer) - n) / buffer
+    return jnp.where(n <= max_len - buffer, 0.0, jnp.where(n <= max_len, soft, -1.0)).astype(jnp.float32)
+
+
+def truncated_is_weights(
+    old_logps: Float[Array, "b t"], sampler_logps: Float[Array, "b t"], mask: Float[Array, "b t"], cap: float
+) -> Float[Array, "b t"]:
+    """Truncated importance weights for the sampler/trainer mismatch: ``min(exp(old - sampler), cap)``
+    per token (1 at padding), with no gradient. Rollouts come from the sampling copy (e.g. bf16) while
+    the loss's old policy is the trainer's; this reweights each token by how much likelier the trainer
+    finds it than the sampler did, capped (TRL's ``vllm_importance_sampling_mode="token_truncate"``
+    with ``vllm_importance_sampling_clip_max=cap``; truncated IS as in Yao et al., 2025)."""
+    if cap <= 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    dtype = jnp.promote_types(old_logps.dtype, jnp.float32)
+    valid = mask > 0
+    d = jnp.where(valid, old_logps.astype(dtype) - sampler_logps.astype(dtype), 0.0)
+    return jax.lax.stop_gradient(jnp.minimum(jnp.exp(d), cap))
+
+
+def mismatch_stats(
+    trainer_logps: Float[Array, "b t"], sampler_logps: Float[Array, "b t"], mask: Float[Array, "b t"]
+) -> dict[str, Array]:
+    """How far the sampler's log-probs of its own tokens are from the trainer's, over the masked tokens:
+    ``mean`` and ``max`` of ``|trainer - sampler|`` and ``kl``, the k3 estimate of
+    KL(sampler || trainer) (the tokens were drawn from the sampler). All 0 when the two agree."""
+    dtype = jnp.promote_types(trainer_logps.dtype, jnp.float32)
+    mask = mask.astype(dtype)
+    valid = mask > 0
+    t = jnp.where(valid, trainer_logps.astype(dtype), 0.0)
+    s = jnp.where(valid, sampler_logps.astype(dtype), 0.0)
+    gap = jax.lax.stop_gradient(jnp.abs(t - s))
+    kl = jax.lax.stop_gradient(k3_kl(s, t))
+    return {"mean": _masked_mean(gap, mask), "max": jnp.max(gap * mask), "kl": _masked_mean(kl, mask)}
 
 
 # exp() of a log-ratio above ~88 overflows fp32. A token the policy has pushed that far below the reference
@@ -170,12 +234,20 @@ def grpo_loss(
     num_sequences: Any = None,
     max_completion_length: int | None = None,
     entropies: Float[Array, "b t"] | None = None,
+    importance_sampling_level: str = "token",
+    is_weights: Float[Array, "b t"] | None = None,
 ) -> tuple[Float[Array, ""], dict[str, Array]]:
     """Clipped GRPO surrogate plus ``beta`` times k3 KL to the reference policy.
 
     Per token: ``r = exp(logp - old)``, ``-min(r * A, clip(r, 1 - epsilon, 1 + epsilon_high) * A)
     + beta * k3(logp, ref)``, then aggregated by ``loss_agg_mode`` (see :func:`aggregate`; TRL names
     ``"dapo"``, ``"bnpo"``, ``"grpo"`` are accepted).
+
+    With ``importance_sampling_level="sequence"`` (GSPO, Zheng et al., 2025) every token of rollout i
+    takes the same ratio ``s_i = exp(mean_t(logp - old))`` over its masked tokens (the length-normalised
+    sequence likelihood ratio; the gradient flows through the mean), clipped as above; GSPO's paper
+    pairs it with ``loss_agg_mode="seq-mean-token-mean"`` (then the loss is its per-sequence objective)
+    and a clip range of 3e-4 / 4e-4. This is TRL's ``importance_sampling_level``.
 
     Args:
       logps: current policy log-probs of the sampled completion tokens (differentiate w.r.t. these).
@@ -192,6 +264,10 @@ def grpo_loss(
       num_items_in_batch, num_sequences, max_completion_length: global denominators, see
         :func:`aggregate`.
       entropies: optional per-token policy entropies, only reported as a metric.
+      importance_sampling_level: ``"token"`` (GRPO) or ``"sequence"`` (GSPO), see above.
+      is_weights: optional ``[B, T]`` weights (no gradient) multiplying the clipped surrogate per token
+        before the KL term is added: the sampler/trainer mismatch correction
+        (:func:`truncated_is_weights`, as TRL applies its ``importance_sampling_ratio``). ``None`` = 1.
 
     Returns ``(loss, metrics)``. Metrics are scalar means over this batch's masked tokens:
     ``policy_loss`` (the clipped surrogate, aggregated like the loss), ``kl`` (when ref_logps is given),
@@ -200,6 +276,8 @@ def grpo_loss(
     ``ratio_mean``, ``entropy`` (if given), ``num_tokens``.
     """
     mode = resolve_mode(loss_agg_mode)
+    if importance_sampling_level not in IS_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {IS_LEVELS}, got {importance_sampling_level!r}")
     if logps.ndim != 2:
         raise ValueError(f"logps must be [B, T], got shape {tuple(logps.shape)}")
     for name, arr in (
@@ -207,6 +285,7 @@ def grpo_loss(
         ("ref_logps", ref_logps),
         ("mask", mask),
         ("entropies", entropies),
+        ("is_weights", is_weights),
     ):
         if arr is not None and tuple(arr.shape) != tuple(logps.shape):
             raise ValueError(
@@ -239,9 +318,15 @@ def grpo_loss(
     if ref_logps is not None:
         ref_logps = jnp.where(valid, ref_logps.astype(dtype), 0.0)
 
-    ratio = jnp.exp(logps - old)
+    log_ratio = logps - old
+    if importance_sampling_level == "sequence":  # one ratio per rollout, on each of its tokens
+        seq = (log_ratio * mask).sum(axis=-1, keepdims=True) / jnp.maximum(mask.sum(axis=-1, keepdims=True), 1.0)
+        log_ratio = jnp.broadcast_to(seq, logps.shape)
+    ratio = jnp.exp(log_ratio)
     clipped = jnp.clip(ratio, 1.0 - epsilon, 1.0 + eps_high)
     pg = -jnp.minimum(ratio * adv, clipped * adv)
+    if is_weights is not None:
+        pg = pg * jax.lax.stop_gradient(is_weights.astype(dtype))
     per_token = pg
     kl = None
     if ref_logps is not None:

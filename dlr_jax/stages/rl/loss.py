@@ -40,6 +40,9 @@ def make_grpo_loss(
     beta: float = 1e-3,
     loss_agg_mode: str = "token-mean",
     max_completion_length: int = 1,
+    importance_sampling_level: str = "token",
+    sampler_is_correction: str = "off",
+    sampler_is_cap: float = 3.0,
 ):
     """A `Trainer` loss: `loss_fn(model, batch, rng) -> (loss_sum, weight, metric_sums)`.
 
@@ -47,14 +50,20 @@ def make_grpo_loss(
     ref_logps [b, s] (needed when beta != 0). Without old_logps the old policy is the current one
     (`stop_gradient` of the log-probs: ratio exactly 1, the gradient of the two-pass loss), which is
     exact when each rollout batch gets a single optimizer step (mu = 1, one minibatch): the stage then
-    skips its old-policy scoring pass. `sampler_logps` [b, s] (optional) adds `logprob_gap/mean` and
-    `logprob_gap/max` (|log-probs - sampler's|, the max per micro-batch), the check that pass made.
+    skips its old-policy scoring pass. `sampler_logps` [b, s] (optional: the sampling copy's log-probs of
+    its tokens) adds the sampler/trainer mismatch `logprob_gap/mean`, `logprob_gap/max` (|log-probs -
+    sampler's|, the max per micro-batch) and `logprob_gap/kl` (k3 estimate of KL(sampler || trainer));
+    with `sampler_is_correction="truncated"` it is required, and each token's surrogate is weighted by
+    `min(exp(old - sampler), sampler_is_cap)` (`grpo.truncated_is_weights`; logged: `sampler_is/mean`, the
+    share of tokens at the cap `sampler_is/capped`). `importance_sampling_level`: token | sequence (GSPO).
     `grpo.grpo_loss` is called with unit denominators so it returns a *sum*; the matching global
     denominator is the weight the trainer adds over micro-batches:
     completion tokens (token-mean: TRL dapo/bnpo), sequences (seq-mean-token-mean: TRL grpo) or
     sequences x max_completion_length (dr_grpo). Metrics come back as means x weight.
     """
     mode = grpo.resolve_mode(loss_agg_mode)
+    if sampler_is_correction not in ("off", "truncated"):
+        raise ValueError(f"sampler_is_correction must be off | truncated, got {sampler_is_correction!r}")
     vm = None if vocab_mask is None else jnp.asarray(vocab_mask, bool)
 
     def loss_fn(model, batch, rng):
@@ -67,19 +76,29 @@ def make_grpo_loss(
         old = batch.get("old_logps")
         if old is None:  # on policy by construction: no second forward pass for the same numbers
             old = jax.lax.stop_gradient(logps)
+        sampler = batch.get("sampler_logps")
+        is_w = None
+        if sampler_is_correction == "truncated":
+            if sampler is None:
+                raise ValueError("sampler_is_correction=truncated needs the sampler's log-probs "
+                                 "(batch['sampler_logps'])")
+            is_w = grpo.truncated_is_weights(old, sampler, mask, sampler_is_cap)
         loss, met = grpo.grpo_loss(
             logps, old, ref, batch["advantages"], mask, epsilon=epsilon,
             epsilon_high=epsilon_high, beta=beta, loss_agg_mode=mode, num_items_in_batch=1.0,
             num_sequences=1.0, max_completion_length=1, entropies=ent,
+            importance_sampling_level=importance_sampling_level, is_weights=is_w,
         )
         n_seq = jnp.float32(mask.shape[0])
         weight = {"token-mean": mask.sum(), "seq-mean-token-mean": n_seq,
                   "dr_grpo": n_seq * max_completion_length}[mode]
         sums = {k: (v if k == "policy_loss" else v * weight) for k, v in met.items() if k != "num_tokens"}
-        if "sampler_logps" in batch:
-            gap = jax.lax.stop_gradient(jnp.abs(logps - batch["sampler_logps"])) * mask
-            sums["logprob_gap/mean"] = gap.sum() / jnp.maximum(mask.sum(), 1.0) * weight
-            sums["logprob_gap/max"] = gap.max() * weight
+        if sampler is not None:
+            sums |= {f"logprob_gap/{k}": v * weight for k, v in grpo.mismatch_stats(logps, sampler, mask).items()}
+        if is_w is not None:
+            tokens = jnp.maximum(mask.sum(), 1.0)
+            sums["sampler_is/mean"] = (is_w * mask).sum() / tokens * weight
+            sums["sampler_is/capped"] = ((is_w >= sampler_is_cap) * mask).sum() / tokens * weight
         return loss, weight, sums
 
     return loss_fn

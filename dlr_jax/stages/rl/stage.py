@@ -1,7 +1,7 @@
-"""Stage 3 — latent GRPO (DESIGN.md §1): the SFT model samples latent reasoning + answers and is
+"""Stage 3 — latent GRPO (the paper's RL stage): the SFT model samples latent reasoning + answers and is
 pushed toward rewarded ones. Defaults (`RLConfig`) are the paper's settings.
 
-One RL step is a `GRPOStep` (grpo_step.py, which describes each phase): rollouts of P prompts x G,
+One RL step is a `GRPOStep` (step.py, which describes each phase): rollouts of P prompts x G,
 old / reference log-probs, rewards, group-normalised advantages, mu passes of updates. This file
 builds what the step holds: the trainer (codebook frozen, `filter_for_stage("rl")`), the policy's
 sampling copy, the reference (the frozen SFT model, none when beta = 0) and the process reward's OCR
@@ -9,10 +9,17 @@ decoder and evaluator (r_proc is skipped, with a note, when its weight is 0 or n
 
 Prompts come from data.train_split (or its first `rl.prompt_pool` problems). With `rl.eval_prompts`
 > 0 the policy's reward on a fixed prompt set (data.eval_split, or the pool) is measured before step 1
-and every `rl.eval_every` steps with fixed random numbers (`rl_eval.py`): a low-noise reward curve.
+and every `rl.eval_every` steps with fixed random numbers (`eval.py`): a low-noise reward curve, with
+pass@k and maj@k (`rl.eval_k`).
 
-Checkpoints hold the trainer state plus the prompt stream (which also counts RL steps), so rerunning
-the command continues. Metrics per RL step go to `<workdir>/rl/metrics.jsonl` (see `METRICS`).
+What the field added to GRPO is opt-in, each default the paper's (RLConfig documents them): GSPO's
+sequence-level ratio, the truncated IS correction of the sampler/trainer mismatch (whose gap is logged
+every step), overlong masking or DAPO's soft penalty, and DAPO's dynamic sampling, which refills a step's
+batch from the prompt stream (`PromptStream.draw`) in calls of the same shape.
+
+Checkpoints hold the trainer state plus the prompt stream (which also counts RL steps, and covers the
+prompts a step's refills drew), so rerunning the command continues where an uninterrupted run would.
+Metrics per RL step go to `<workdir>/rl/metrics.jsonl` (see `METRICS`).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from dlr_jax.data.formats import prompt_ids
 from dlr_jax.data.sources import load_examples
 from dlr_jax.generate.sampler import Sampler
 from dlr_jax.generate.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
-from dlr_jax.rewards.answer_format import KNOWN_BENCHMARKS
+from dlr_jax.rewards.answer_format import KNOWN_BENCHMARKS, extract_answer
 from dlr_jax.rewards.process import LatentDecoder, ProcessReward
 from dlr_jax.run.handoff import save_stage_model
 from dlr_jax.run.workdir import stage_dir
@@ -40,7 +47,7 @@ from dlr_jax.stages import common
 from dlr_jax.stages.codebook.models import load_latent_decoder
 from dlr_jax.stages.latent_common import load_latent_stage
 from dlr_jax.stages.rl import grpo
-from dlr_jax.stages.rl.eval import held_out_evaluator
+from dlr_jax.stages.rl.eval import eval_ks, held_out_evaluator
 from dlr_jax.stages.rl.loss import make_grpo_loss
 from dlr_jax.stages.rl.models import extra_reward_weights, load_evaluator
 from dlr_jax.stages.rl.step import GRPOStep
@@ -50,9 +57,13 @@ METRICS = (
     "step", "updates", "reward", "reward_std", "reward/answer", "reward/format", "accuracy", "n_latents",
     "completion_length", "finished", "zero_std_frac", "loss", "policy_loss", "kl", "clip_fraction",
     "clip_ratio/low_mean", "clip_ratio/high_mean", "ratio_mean", "ratio_first_update", "entropy", "grad_norm", "lr",
-    "logprob_gap/mean", "logprob_gap/max", "time/rollout", "time/score", "time/rewards", "time/update",
-    "time/step",
-)  # plus "reward/process" when r_proc runs; "kl" only when beta > 0
+    "logprob_gap/mean", "logprob_gap/max", "logprob_gap/kl", "time/rollout", "time/score", "time/rewards",
+    "time/update", "time/step",
+)  # plus "reward/process" when r_proc runs; "kl" only when beta > 0; "sampler_is/mean" and "sampler_is/capped"
+# with rl.sampler_is_correction=truncated; "reward/overlong" with rl.overlong=soft_penalty, "overlong/masked" with
+# mask; with rl.dynamic_sampling, DYNAMIC_METRICS
+DYNAMIC_METRICS = ("dynamic/refills", "dynamic/rollouts", "dynamic/groups_dropped", "dynamic/groups_topped_up",
+                   "dynamic/groups_discarded")
 
 
 @dataclasses.dataclass
@@ -85,6 +96,13 @@ class PromptStream:
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
 
     def __next__(self) -> np.ndarray:
+        """The next RL step's prompts (counts a step)."""
+        out = self.draw()
+        self.steps += 1
+        return out
+
+    def draw(self) -> np.ndarray:
+        """The next `batch` prompts without counting a step: dynamic sampling's refills within a step."""
         out: list[int] = []
         while len(out) < self.batch:
             order = self._order()
@@ -93,7 +111,6 @@ class PromptStream:
             self.pos += len(take)
             if self.pos >= self.n:
                 self.epoch, self.pos = self.epoch + 1, 0
-        self.steps += 1
         return np.asarray(out, np.int64)
 
     def get_state(self) -> dict[str, int]:
@@ -126,6 +143,11 @@ def _check(cfg: Config) -> None:
                         f"rl.max_latents={rl.max_latents} latents (need >= max_latents + 5)")
     if rl.scale_rewards not in grpo.SCALE_MODES:
         problems.append(f"rl.scale_rewards must be one of {grpo.SCALE_MODES}, got {rl.scale_rewards!r}")
+    if rl.eval_prompts:
+        try:
+            eval_ks(rl.eval_k, rl.eval_samples)
+        except ValueError as e:
+            problems.append(str(e))
     if cfg.data.dataset not in KNOWN_BENCHMARKS:
         problems.append(f"data.dataset={cfg.data.dataset!r} has no answer checker; known: {KNOWN_BENCHMARKS}")
     if problems:
@@ -178,6 +200,8 @@ def run(
     loss_fn = make_grpo_loss(
         temperature=rl.temperature, vocab_mask=vocab_mask, epsilon=rl.epsilon, epsilon_high=rl.epsilon_high,
         beta=rl.beta, loss_agg_mode=rl.loss_agg_mode, max_completion_length=rl.max_new_tokens,
+        importance_sampling_level=rl.importance_sampling_level, sampler_is_correction=rl.sampler_is_correction,
+        sampler_is_cap=rl.sampler_is_cap,
     )
     trainer = Trainer(
         model, loss_fn, dataclasses.replace(tcfg, num_steps=total * updates_per_step),
@@ -241,7 +265,8 @@ def run(
     def held_out_score(rows: list[list[int]], group: list[Any], chunk: int):
         # the same key at every evaluation: common random numbers across the curve
         out = grpo_step.generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk))
-        return grpo_step.rewards(out, group)[1:]
+        parsed, reward, parts = grpo_step.rewards(out, group)
+        return reward, parts, [extract_answer(p.text) for p in parsed]  # the answers vote for maj@k
 
     evaluate = held_out_evaluator(cfg, tok, prompt_len, p_g, held_out_score, pool=examples)
 
@@ -265,8 +290,16 @@ def run(
         evals.append({"step": step, **m})
         if jax.process_index() == 0:
             print(f"[rl] eval ({rl.eval_split or cfg.data.eval_split} prompts) step {step}: reward "
-                  f"{m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} ({int(m['eval/rollouts'])} rollouts)",
+                  f"{m['eval/reward']:.4f} acc {m.get('eval/accuracy', 0.0):.4f} ({int(m['eval/rollouts'])} rollouts)"
+                  + "".join(f" {k[5:]} {v:.4f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/maj@"))),
                   flush=True)
+
+    def refill() -> tuple[list[list[int]], list[Any]]:
+        # the stream's next prompts within the same RL step: its checkpointed position covers them, so a
+        # resumed run draws what an uninterrupted one would
+        more = stream.draw()
+        return ([prompts[i] for i in more for _ in range(rl.group_size)],
+                [examples[i] for i in more for _ in range(rl.group_size)])
 
     def eval_due(step: int) -> bool:
         return bool(rl.eval_prompts) and (step % rl.eval_every == 0 or step == total)
@@ -283,14 +316,16 @@ def run(
             step = stream.steps
             group = [examples[i] for i in idx for _ in range(rl.group_size)]
             rows = [prompts[i] for i in idx for _ in range(rl.group_size)]
-            metrics = grpo_step(rows, group, step)
+            metrics = grpo_step(rows, group, step, refill=refill if rl.dynamic_sampling else None)
             window.after(step)
             writer.write(step, metrics)
             history.append({"step": step, **metrics})
             if (step % tcfg.log_every == 0 or step == total) and jax.process_index() == 0:
                 print(f"[rl] step {step}/{total} reward {metrics['reward']:.3f} acc {metrics['accuracy']:.3f} "
                       f"#L {metrics['n_latents']:.1f} kl {metrics.get('kl', 0.0):.4f} clip "
-                      f"{metrics['clip_fraction']:.3f} ({metrics['time/step']:.1f}s)", flush=True)
+                      f"{metrics['clip_fraction']:.3f} ({metrics['time/step']:.1f}s)"
+                      + (f" dropped {int(metrics['dynamic/groups_dropped'])} groups, {int(metrics['dynamic/refills'])} "
+                         "refills" if rl.dynamic_sampling else ""), flush=True)
             # every step syncs on the host here (rewards), so all processes can agree on every step
             if preemption.should_stop():  # saved at once; a due evaluation runs when the run resumes
                 print(f"[rl] stop requested: saving RL step {step} and exiting", flush=True)

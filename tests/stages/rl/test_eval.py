@@ -12,7 +12,16 @@ import pytest
 from dlr_jax.config import apply_overrides
 from dlr_jax.stages import common
 from dlr_jax.stages.rl import stage as rl
-from dlr_jax.stages.rl.eval import eval_rows, held_out_evaluator, held_out_reward
+from dlr_jax.stages.rl.eval import (
+    answers_match,
+    eval_ks,
+    eval_rows,
+    held_out_evaluator,
+    held_out_reward,
+    maj_at_k,
+    majority_answer,
+    pass_at_k,
+)
 from tests.stages.rl.test_stage import workdir  # noqa: F401  (the micro RL workdir fixture)
 
 
@@ -24,6 +33,64 @@ def test_eval_rows_repeat_and_pad_to_the_chunk():
     assert all(len(rows) == 4 for rows, _, _ in chunks)  # one compiled rollout shape
     with pytest.raises(ValueError, match="samples"):
         eval_rows([[1]], ["a"], samples=0, chunk=4)
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    from itertools import combinations
+    from math import comb
+
+    for n, c, k in [(4, 0, 1), (4, 1, 1), (4, 1, 2), (5, 2, 3), (8, 3, 4), (8, 8, 8), (6, 5, 2), (10, 1, 10)]:
+        # written out: 1 - C(n - c, k) / C(n, k) ...
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), abs=1e-12)
+        # ... and counted: the share of the k-subsets of the n samples that hold a correct one
+        hits = [any(i < c for i in sub) for sub in combinations(range(n), k)]
+        assert pass_at_k(n, c, k) == pytest.approx(sum(hits) / len(hits), abs=1e-12)
+    assert pass_at_k(4, 1, 1) == 0.25 and pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 1, 4) == 1.0
+    for bad in [(4, 5, 1), (4, 1, 0), (4, 1, 5)]:
+        with pytest.raises(ValueError, match="need"):
+            pass_at_k(*bad)
+
+
+def test_maj_at_k_votes_over_disjoint_blocks():
+    same = answers_match("synthetic")
+    assert same("18", "18.0") and same("1,000", "1000") and not same("18", "-18")
+    assert same("abc", "abc") and not same("abc", "18")  # a word is no gold for a numeric checker
+    assert majority_answer(["3", None, "4", "4.0", "3"], same) == "3"  # 2 - 2 tie: the answer seen first
+    assert majority_answer([None, None], same) is None
+    answers = ["18", "18.0", "7", None, "7", "7", "18", "5"]  # n = 8: blocks of 4 -> 18 wins, then 7 wins
+    right = lambda a: a is not None and same(a, "18")  # noqa: E731
+    assert maj_at_k(answers, 4, right, same) == 0.5
+    assert maj_at_k(answers, 8, right, same) == 1.0  # 18 x3, 7 x3: a tie, the answer seen first wins
+    assert maj_at_k(answers, 1, right, same) == pytest.approx(3 / 8)
+    assert maj_at_k(answers, 3, right, same) == 0.5  # blocks [18 18 7] [None 7 7]; the last 2 rows left out
+    with pytest.raises(ValueError, match="need 1 <= k <= n"):
+        maj_at_k(answers, 9, right, same)
+    assert eval_ks((), 4) == (1, 4) and eval_ks((2, 1, 2), 4) == (1, 2)
+    with pytest.raises(ValueError, match="between 1 and rl.eval_samples=4"):
+        eval_ks((8,), 4)
+
+
+def test_held_out_reward_reports_pass_and_maj_at_k():
+    from types import SimpleNamespace as NS
+
+    exs = [NS(answer="4"), NS(answer="9")]
+    chunks = eval_rows([[1], [2]], exs, samples=4, chunk=3)  # 8 rows in chunks of 3: the last one padded
+    texts = {0: ["4", "5", "4", None], 1: ["9", "1", "1", "2"]}
+    flat = texts[0] + texts[1]
+
+    def score(rows, rows_exs, i):
+        ans = [flat[i * 3 + j] if i * 3 + j < 8 else "x" for j in range(len(rows))]
+        ok = np.array([float(a is not None and a == ex.answer) for a, ex in zip(ans, rows_exs, strict=True)])
+        return ok, {"answer": ok}, ans
+
+    m = held_out_reward(score, chunks, samples=4, ks=(1, 2, 4), benchmark="synthetic")
+    assert m["eval/pass@1"] == pytest.approx((2 / 4 + 1 / 4) / 2)
+    assert m["eval/pass@2"] == pytest.approx(((1 - 1 / 6) + (1 - 3 / 6)) / 2)  # C(2,2)/C(4,2), C(3,2)/C(4,2)
+    assert m["eval/pass@4"] == 1.0
+    # maj@2: prompt 0 blocks [4 5] -> 4 (first seen) right, [4 None] -> 4 right; prompt 1 [9 1] -> 9 right,
+    # [1 2] -> 1 wrong. maj@4: prompt 0 -> 4 right; prompt 1 -> 1 (two votes) wrong.
+    assert m["eval/maj@2"] == pytest.approx(3 / 4) and m["eval/maj@4"] == 0.5
+    assert "eval/maj@1" not in m and m["eval/rollouts"] == 8
 
 
 def test_held_out_reward_averages_real_rows_only():

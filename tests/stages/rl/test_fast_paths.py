@@ -13,7 +13,7 @@ from dlr_jax.stages.rl import stage as rl
 from tests.stages.rl.test_step import toy_model, toy_rollouts  # noqa: F401 - the fixture is used by name
 
 
-def _loss_and_grad(loss_fn, model, batch):
+def loss_and_grad(loss_fn, model, batch):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     dev = {k: jax.numpy.asarray(v) for k, v in batch.items()}
 
@@ -30,12 +30,12 @@ def test_skipping_the_old_policy_pass_keeps_loss_and_gradient(toy_model):  # noq
     batch["advantages"] = np.random.RandomState(1).normal(size=len(out.tokens)).astype(np.float32)
     batch["ref_logps"] = batch["old_logps"] - 0.05 * batch["completion_mask"]  # a KL term that matters
     loss_fn = rl.make_grpo_loss(temperature=0.7, beta=0.04)
-    two_pass = _loss_and_grad(loss_fn, toy_model, batch)
+    two_pass = loss_and_grad(loss_fn, toy_model, batch)
     skipped = {k: v for k, v in batch.items() if k != "old_logps"}
     prompt = batch["tokens"].shape[1] - out.logprobs.shape[1]
     skipped["sampler_logps"] = np.concatenate([np.zeros((len(out.tokens), prompt), np.float32), out.logprobs],
                                               axis=1) * batch["completion_mask"]
-    one_pass = _loss_and_grad(loss_fn, toy_model, skipped)
+    one_pass = loss_and_grad(loss_fn, toy_model, skipped)
     np.testing.assert_allclose(one_pass[0], two_pass[0], rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(one_pass[1]), jax.tree.leaves(two_pass[1]), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

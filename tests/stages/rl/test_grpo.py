@@ -18,7 +18,7 @@ from dlr_jax.stages.rl.grpo import aggregate, group_advantages, grpo_loss, k3_kl
 # ----------------------------------------------------------------------------------------------------
 
 
-def _ref_per_token(logp, old, ref, adv, eps_low, eps_high, beta):
+def ref_per_token(logp, old, ref, adv, eps_low, eps_high, beta):
     ratio = np.exp(logp - old)
     a = adv[:, None]
     loss = -np.minimum(ratio * a, np.clip(ratio, 1 - eps_low, 1 + eps_high) * a)
@@ -28,7 +28,7 @@ def _ref_per_token(logp, old, ref, adv, eps_low, eps_high, beta):
     return loss
 
 
-def _ref_weights(mask, loss_type, max_len=None, num_items=None):
+def ref_weights(mask, loss_type, max_len=None, num_items=None):
     """d loss / d per_token_loss: the aggregation is linear, so it is a fixed weight per token."""
     b = mask.shape[0]
     if loss_type == "grpo":
@@ -45,8 +45,8 @@ def _ref_weights(mask, loss_type, max_len=None, num_items=None):
 def trl_reference(
     logp, old, ref, adv, mask, loss_type, eps_low, eps_high, beta, max_len=None, num_items=None
 ):
-    per_token = _ref_per_token(logp, old, ref, adv, eps_low, eps_high, beta)
-    return float((per_token * _ref_weights(mask, loss_type, max_len, num_items)).sum())
+    per_token = ref_per_token(logp, old, ref, adv, eps_low, eps_high, beta)
+    return float((per_token * ref_weights(mask, loss_type, max_len, num_items)).sum())
 
 
 def trl_reference_grad(
@@ -59,10 +59,10 @@ def trl_reference_grad(
     g = np.where(clipped, 0.0, -a * ratio)
     if beta != 0.0:
         g = g + beta * (1.0 - np.exp(ref - logp))
-    return g * _ref_weights(mask, loss_type, max_len, num_items)
+    return g * ref_weights(mask, loss_type, max_len, num_items)
 
 
-def _inputs(seed=0, b=6, t=9):
+def grpo_inputs(seed=0, b=6, t=9):
     rng = np.random.default_rng(seed)
     logp = -rng.uniform(0.05, 3.0, size=(b, t))
     # Spread of 0.4 in log space pushes a good share of ratios outside [0.8, 1.28] on both sides.
@@ -81,7 +81,7 @@ MODE_FOR = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("epsilon_high", [None, 0.28])
 def test_loss_and_grad_match_trl_reference(loss_type, beta, epsilon_high):
-    logp, old, ref, adv, mask = _inputs()
+    logp, old, ref, adv, mask = grpo_inputs()
     eps = 0.2
     eps_high = eps if epsilon_high is None else epsilon_high
     max_len = 12  # the generation budget, larger than the padded T=9
@@ -115,7 +115,7 @@ def test_loss_and_grad_match_trl_reference(loss_type, beta, epsilon_high):
     np.testing.assert_allclose(float(loss), want, rtol=2e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=2e-4, atol=1e-6)
 
-    # The same numbers through the DESIGN names of the modes.
+    # The same numbers through our own names of the modes (MODE_FOR).
     loss2, _ = grpo_loss(
         jnp.asarray(logp, jnp.float32),
         jnp.asarray(old, jnp.float32),
@@ -152,7 +152,7 @@ def test_loss_and_grad_match_trl_reference(loss_type, beta, epsilon_high):
 
 def test_analytic_reference_gradient_matches_finite_differences():
     """Validates the NumPy reference gradient itself, so the comparison above is not circular."""
-    logp, old, ref, adv, mask = _inputs(seed=3)
+    logp, old, ref, adv, mask = grpo_inputs(seed=3)
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
         kw = dict(max_len=11, num_items=40.0)
         args = (old, ref, adv, mask, loss_type, 0.2, 0.28, 0.05)
@@ -170,7 +170,7 @@ def test_analytic_reference_gradient_matches_finite_differences():
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "dr_grpo"])
 def test_on_policy_equals_plain_policy_gradient(mode):
     """mu = 1: old = sg(logp) gives ratio 1, loss -agg(A) and the REINFORCE gradient of -agg(A * logp)."""
-    logp, _, _, adv, mask = _inputs(seed=1)
+    logp, _, _, adv, mask = grpo_inputs(seed=1)
     lp, a, m = (jnp.asarray(x, jnp.float32) for x in (logp, adv, mask))
 
     def ours(x, use_none):
@@ -194,7 +194,7 @@ def test_padding_log_probs_cannot_poison_the_loss():
     """Padded positions may hold -1e9 (a pad id outside the vocab mask) or 0 (a masked reference):
     exp() of their difference is inf, and inf * 0 would make the loss and gradient NaN (seen in a
     latent GRPO run). Values and gradients must equal those with clean padding."""
-    logp, old, ref, adv, mask = _inputs(seed=2)
+    logp, old, ref, adv, mask = grpo_inputs(seed=2)
     lp, o, r, a, m = (jnp.asarray(x, jnp.float32) for x in (logp, old, ref, adv, mask))
     pad = m == 0
     assert bool(pad.any())
@@ -211,7 +211,7 @@ def test_padding_log_probs_cannot_poison_the_loss():
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "dr_grpo"])
 def test_micro_batches_with_global_denominator_sum_to_full_batch(mode):
-    logp, old, ref, adv, mask = _inputs(seed=2)
+    logp, old, ref, adv, mask = grpo_inputs(seed=2)
     args = [jnp.asarray(x, jnp.float32) for x in (logp, old, ref, adv, mask)]
     kw = dict(beta=0.04, epsilon_high=0.28, loss_agg_mode=mode, max_completion_length=10)
     parts = ((0, 2), (2, logp.shape[0]))  # unequal token counts: 10 vs 20 tokens
@@ -239,7 +239,7 @@ def test_micro_batches_with_global_denominator_sum_to_full_batch(mode):
 
 
 def test_loss_options_and_errors():
-    logp, old, ref, adv, mask = (jnp.asarray(x, jnp.float32) for x in _inputs(seed=4))
+    logp, old, ref, adv, mask = (jnp.asarray(x, jnp.float32) for x in grpo_inputs(seed=4))
     # epsilon_high defaults to epsilon.
     a, _ = grpo_loss(logp, old, ref, adv, mask, epsilon=0.1)
     b, _ = grpo_loss(logp, old, ref, adv, mask, epsilon=0.1, epsilon_high=0.1)

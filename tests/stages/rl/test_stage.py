@@ -37,7 +37,7 @@ RL = [
 ]
 
 
-def _one():
+def one_rl_step():
     return make_mesh(1, 1, 1, devices=jax.devices()[:1])
 
 
@@ -50,9 +50,9 @@ def workdir(tmp_path_factory):
     w = tmp_path_factory.mktemp("rl_wd")
     common.prepare_workdir(cfg, w)
     tok = common.get_tokenizer(cfg, w, load_examples(cfg, "train"))
-    backbone = common.new_backbone(cfg, tok, _one())
+    backbone = common.new_backbone(cfg, tok, one_rl_step())
     save_stage_model(backbone, w, "textsft_cot", kind="backbone", model_cfg=backbone.cfg)
-    lm = new_latent_lm(cfg, w, tok, _one())
+    lm = new_latent_lm(cfg, w, tok, one_rl_step())
     save_stage_model(lm, w, "sft", kind="latent_lm", model_cfg=lm.model_cfg)
     return cfg, w
 
@@ -116,8 +116,8 @@ def test_rl_runs_resumes_on_an_fsdp_mesh_with_other_sampling_sharding(workdir, c
     meta = read_meta(w / "rl" / "final")
     assert meta["kind"] == "latent_lm" and meta["rl_steps"] == 2
 
-    final = load_stage_model(w, "rl", mesh=_one())[0]
-    sft = load_stage_model(w, "sft", mesh=_one())[0]
+    final = load_stage_model(w, "rl", mesh=one_rl_step())[0]
+    sft = load_stage_model(w, "sft", mesh=one_rl_step())[0]
     np.testing.assert_array_equal(np.asarray(final.codebook[...]), np.asarray(sft.codebook[...]))  # frozen
 
 

@@ -1,0 +1,136 @@
+"""The paper's tables as experiments: `stages` (-Align, -SFT, -RL, -Proc, Full), `k_sweep` on the paper's grid and
+`decoding` with its forced stops; their full-scale commands (--dry-run), their tables in the paper's layout (from
+results files, with the paper's column), and one slow run of all three on a micro config."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlr_jax.config import load_config
+from dlr_jax.experiments import main as cli_main
+from dlr_jax.experiments import paper_numbers, plots, report
+from dlr_jax.experiments.plan import STAGE_ROWS, experiment
+from dlr_jax.run.preflight import check_rates
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny.yaml")
+VL = str(ROOT / "configs" / "qwen3vl-4b.yaml")
+
+
+def test_the_three_tables_plan_the_papers_rows():
+    cfg = load_config(TINY, ["latent.source=codebook"])
+    st = experiment("stages", cfg)
+    assert [m.label for m in st.methods] == [*STAGE_ROWS, "DLR-Full"] and st.full == "DLR-Full"
+    rows = {m.label: (m.variant, m.stage) for m in st.methods}
+    assert rows == {"−Align": ("no_align", "rl"), "−SFT": ("no_sft", "rl"), "−RL": ("main", "sft"),
+                    "−Proc": ("no_process_reward", "rl"), "DLR-Full": ("main", "rl")}
+    v = {x.name: x for x in st.variants}
+    # -SFT: RL straight after align; sft runs one step at learning rate 0, so rl starts from align's model
+    assert v["no_sft"].runs == ("sft", "rl") and v["no_sft"].reuse == ("textsft", "codebook", "export", "align")
+    assert set(v["no_sft"].overrides) == {"train.sft.learning_rate=0.0", "train.sft.num_steps=1",
+                                          "train.sft.num_epochs=0", "train.sft.warmup_ratio=0.0"}
+    paper = load_config(VL, list(v["no_sft"].overrides))  # the recipe counts epochs: the one step wins
+    assert (paper.train.sft.num_epochs, paper.train.sft.num_steps, paper.train.sft.learning_rate) == (0, 1, 0.0)
+    check_rates(paper)  # a learning rate of 0 passes the preflight for sft, as for align (w/o Align)
+    dec = experiment("decoding", cfg)
+    assert [m.force_latents for m in dec.methods] == [None, 4, 6, 8, 10]  # dynamic, then the paper's stops
+    assert experiment("forced_stop", cfg).methods[1].force_latents == 2  # its own defaults are kept
+    ks = experiment("k_sweep", cfg)
+    assert [m.x for m in ks.methods] == [512, 128, 256, 1024, 2048]  # K = 512: the paper's 2.5K..40K scaled
+
+
+@pytest.mark.parametrize("name", ["stages", "k_sweep", "decoding"])
+def test_dry_run_prints_the_full_scale_commands(name, tmp_path, capsys):
+    w = tmp_path / "w"
+    assert cli_main([name, "--dry-run", "--config", VL, "--workdir", str(w), "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert not w.exists()
+    train = [x for x in out.splitlines() if "dlr_jax.train" in x]
+    assert train and all(f"--config {VL}" in x for x in train)
+    if name == "stages":
+        assert "seed0/no_sft" in out and "--set train.sft.learning_rate=0.0" in out
+        assert sum("--stage rl" in x for x in train) == 4  # Full, -Align, -SFT, -Proc (-RL is Full's sft)
+    if name == "k_sweep":
+        assert [k for k in (2500, 5000, 20000, 40000) if f"latent.num_latents={k} " in out] == [2500, 5000, 20000,
+                                                                                                 40000]
+    if name == "decoding":
+        assert [n for n in (2, 4, 6, 8, 10) if f"--force-latents {n} " in out] == [4, 6, 8, 10]
+
+
+def _results(root: Path, seed: int, m, benches: dict[str, tuple[float, float]]) -> None:
+    f = report.results_path(root, seed, m)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    one = lambda v: {"mean": v, "std": 0.0, "per_seed": [v]}  # noqa: E731
+    f.write_text(json.dumps({"benchmarks": {b: {"n": 100, "pass_at_1": one(acc), "L": one(L)}
+                                            for b, (acc, L) in benches.items()}}))
+
+
+def test_tables_in_the_papers_layout_with_its_column(tmp_path, monkeypatch):
+    cfg = load_config(VL)
+    exp = experiment("stages", cfg)
+    benches = ("gsm8k", "gsm_hard", "svamp", "multiarith")
+    for s in (0, 1):
+        for i, m in enumerate(exp.methods):
+            step = 0.03 if m.label == "DLR-Full" else 0.02  # per-seed differences that vary: a t-test of them
+            _results(tmp_path, s, m, {b: (0.1 * (i + 1) + 0.01 * j + step * s, 6.0 + j) for j, b in enumerate(benches)})
+    res = report.build(exp, root=tmp_path, seeds=[0, 1], command="cmd", config=VL, overrides=[], steps_done=1,
+                       steps_total=1)
+    lay = res["paper_layout"]
+    assert lay["benchmarks"] == list(benches) and lay["backbone"] == "qwen3vl-4b" and not lay["paper_on_record"]
+    full = lay["rows"][-1]
+    assert full["label"] == "DLR-Full" and full["avg"]["pass_at_1"]["per_seed"] == pytest.approx([0.515, 0.545])
+    assert full["avg"]["L"]["mean"] == pytest.approx(7.5)
+    md = report.markdown(res)
+    assert "| method | GSM8K Acc. | GSM8K #L | GSM-Hard Acc. |" in md and "Avg. Acc. | Avg. #L |" in md
+    assert "| −Align | 11.0 ± 1.0 | 6.00 ± 0.00 |" in md and "none on record for backbone `qwen3vl-4b`" in md
+    assert md.index("In the paper's layout") < md.index("Benchmark `gsm8k`")
+    # the paper's cells, where on record for the backbone, sit beside ours
+    cells = {b: (40.0 + j, 6.0) for j, b in enumerate(benches)}
+    monkeypatch.setitem(paper_numbers.PAPER_NUMBERS, "stages", {"qwen3vl-4b": {"DLR-Full": cells}})
+    res = report.build(exp, root=tmp_path, seeds=[0, 1], command="cmd", config=VL, overrides=[], steps_done=1,
+                       steps_total=1)
+    md = report.markdown(res)
+    assert "| 40 / 6 | 41 / 6 | 42 / 6 | 43 / 6 | 41.5 / 6 |" in md and "the paper's cells for backbone" in md
+    assert "main" not in {r["label"] for r in res["paper_layout"]["rows"]}
+    # other experiments keep their own tables only
+    main = report.build(experiment("main", cfg), root=tmp_path, seeds=[0], command="c", config=VL, overrides=[],
+                        steps_done=0, steps_total=1)
+    assert "paper_layout" not in main and "paper's layout" not in report.markdown(main)
+
+
+def test_k_sweep_and_decoding_tables_draw_their_plots(tmp_path):
+    cfg = load_config(TINY)
+    for name, png in (("k_sweep", "k_sweep.png"), ("decoding", "forced_stop.png")):
+        exp = experiment(name, cfg)
+        for i, m in enumerate(exp.methods):
+            _results(tmp_path / name, 0, m, {"synthetic": (0.2 + 0.05 * i, 4.0 + i)})
+        res = report.build(exp, root=tmp_path / name, seeds=[0], command="c", config=TINY, overrides=[],
+                           steps_done=1, steps_total=1)
+        assert len(res["paper_layout"]["rows"]) == 5 and res["paper_layout"]["benchmarks"] == ["synthetic"]
+        made = plots.write_plots(res, tmp_path / name / "out")
+        assert png in [p.name for p in made]
+
+
+@pytest.mark.slow
+def test_the_three_tables_run_on_a_micro_config(tmp_path):
+    """stages, decoding and k_sweep --seeds 1 on one workdir root (they share seed 0's main run): every stage and
+    evaluation, each table (paper layout) and the sweep plots."""
+    from tests.cli_micro import MICRO, child_env, micro_yaml
+
+    cfg = micro_yaml(tmp_path / "micro.yaml", [*MICRO, "eval.batch_size=8"])
+    w = tmp_path / "w"
+    for name, extra in (("stages", []), ("decoding", ["--force-stops", "2,4"]), ("k_sweep", ["--k-values", "16"])):
+        cmd = [sys.executable, "-m", "dlr_jax.experiments", name, "--seeds", "1", "--workdir", str(w),
+               "--config", str(cfg), *extra]
+        r = subprocess.run(cmd, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        res = json.loads((w / name / "results.json").read_text())
+        assert res["status"]["steps_done"] == res["status"]["steps_total"]
+        assert [row["label"] for row in res["paper_layout"]["rows"]] == [m["label"] for m in res["methods"]]
+        assert all(row["avg"] for row in res["paper_layout"]["rows"]) and "In the paper's layout" in r.stdout
+    assert (w / "k_sweep" / "k_sweep.png").is_file() and (w / "decoding" / "forced_stop.png").is_file()

@@ -1,0 +1,104 @@
+"""The planner's packed totals: the configured data's lengths measured once (cached), packed as the pipeline
+packs them, the stage's steps and FLOPs padded and packed side by side."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from dlr_jax.config import load_config
+from dlr_jax.data.latents import default_num_latents
+from dlr_jax.data.pipeline import fitting_items
+from dlr_jax.data.render_pipeline import canvas_side, render_config
+from dlr_jax.data.sources import load_examples
+from dlr_jax.plan import cli as plan
+from dlr_jax.plan import lengths as L
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "configs" / "tiny.yaml"
+DATA = ["data.synthetic_train=300", "train.sft.num_epochs=2", "train.align.num_epochs=2"]
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLR_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_measured_once_then_read_from_the_cache(tmp_path, monkeypatch, cache):
+    cfg = load_config(TINY, [*DATA, f"run.workdir={tmp_path / 'w'}"])
+    first = L.stage_lengths(cfg, "sft")
+    assert not first.cached and first.population == 300 and len(first.lengths) == 300
+    assert Path(first.path).parent == cache / "lengths"
+    # the lengths are the pipeline's: the run's tokenizer (a BPE trained as get_tokenizer trains it) and latents
+    from dlr_jax.stages.common import get_tokenizer
+    from dlr_jax.stages.latent_common import latents_for
+
+    examples = load_examples(cfg, "train")
+    tok = get_tokenizer(cfg, tmp_path / "t", examples)  # (not in the workdir: there the plan would read it)
+    table = latents_for(cfg, tmp_path, "train", examples)
+    _, want, _ = fitting_items("sft", examples, tok, max_len=10_000, latents=table)
+    assert sorted(first.lengths) == sorted(want)
+
+    def measured_again(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(L, "measure", measured_again)
+    again = L.stage_lengths(cfg, "sft")
+    assert again.cached and again.lengths == first.lengths
+    # how rows are filled does not change the sequences: same cache entry
+    assert L.stage_lengths(load_config(TINY, [*DATA, f"run.workdir={tmp_path / 'w'}", "data.pack=true"]), "sft").cached
+    with pytest.raises(AssertionError, match="measured again"):  # other data: measured anew
+        L.stage_lengths(load_config(TINY, ["data.synthetic_train=301"]), "sft")
+
+
+def test_codebook_latents_are_estimated_from_the_canvas_without_exported_ids(tmp_path):
+    cfg = load_config(TINY, [*DATA, "latent.source=codebook", f"run.workdir={tmp_path}"])
+    lengths = L.stage_lengths(cfg, "align")
+    assert any("canvas" in n for n in lengths.notes)
+    # the same sequences with the random stand-in's 4 or 9 latents: the difference is the estimated count
+    random = L.stage_lengths(load_config(TINY, [*DATA, f"run.workdir={tmp_path}"]), "align")
+    examples = load_examples(cfg, "train")
+    est = [a - b + default_num_latents(ex) for a, b, ex in zip(lengths.lengths, random.lengths, examples, strict=True)]
+    side = canvas_side(examples[0].cot, 18, render_config(cfg.codebook))[0]  # tiny.yaml's mean font, rounded
+    assert est[0] == (side // 64) ** 2 and set(est) <= {1, 4, 9, 16}
+
+
+def test_stage_totals_padded_and_packed_side_by_side():
+    cfg = load_config(TINY, DATA)
+    lengths = L.Lengths("sft", tuple([40] * 150 + [90] * 150), 300, ("by hand",), "-", False)
+    prog = types.SimpleNamespace(steps_per_epoch_examples=cfg.train.sft.batch_size)
+    r = plan.stage_total_flops(cfg, "sft", 1.0, prog, lengths)
+    assert r["stage_examples"] == 300 and r["stage_steps"] == -(-2 * 300 // cfg.train.sft.batch_size)
+    assert r["examples_per_row"] > 1.2 and r["packed_efficiency"] > r["padded_efficiency"]
+    assert r["stage_steps_packed"] < r["stage_steps"]
+    assert r["stage_total_flops_packed"] == r["stage_steps_packed"] and r["length_max"] == 90
+    # a recipe counted in steps runs as many steps packed
+    fixed = load_config(TINY, ["data.synthetic_train=300"])
+    r = plan.stage_total_flops(fixed, "sft", 1.0, prog, lengths)
+    assert r["stage_steps_packed"] == r["stage_steps"]
+    assert "stage_steps_packed" not in plan.stage_total_flops(cfg, "sft", 1.0, prog)
+
+
+def test_missing_data_leaves_packed_totals_out_with_a_note(tmp_path):
+    cfg = load_config(TINY, ["data.dataset=gsm8k_aug", f"data.path={tmp_path / 'nowhere.txt'}"])
+    lengths, why = plan.measured_lengths(cfg, "sft")
+    assert lengths is None and "packed totals left out" in why
+    assert plan.measured_lengths(cfg, "rl") == (None, None)
+
+
+def test_cli_prints_both(capsys):
+    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+             "model.num_kv_heads=1", "model.head_dim=16", "latent.num_latents=64", "latent.latent_dim=16"]
+    argv = ["--config", str(TINY), "--stage", "align", "--device", "cpu", "--mesh", "data=1,fsdp=1,tensor=1"]
+    for s in [*DATA, *small]:
+        argv += ["--set", s]
+    assert plan.main([*argv, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["stage_steps_packed"] < r["stage_steps"] and r["lengths_measured"] == 300
+    assert plan.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "packed rows:" in text and "in padded rows" in text and "measured lengths" in text

@@ -1,0 +1,153 @@
+"""Packed rows train exactly what padded rows train (textsft, align, sft without the dual branch), and a
+packed segment never sees another.
+
+The equality holds because `stages.common.lm_loss` returns a sum over target tokens and their count (the
+Trainer divides one by the other over the whole batch): the same examples give the same sum and count however
+they are laid out in rows. The tests that would fail with a wrong attention mask are the equality tests
+and `test_a_packed_segment_sees_only_itself`; each also checks that merging two segments (the mask a packer
+without segment ids would give) changes the numbers, so they cannot pass on a mask that ignores segments.
+"""
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dlr_jax.config import ModelConfig, load_config
+from dlr_jax.data.latents import random_latents
+from dlr_jax.data.pipeline import BATCH_KEYS, make_stage_dataset
+from dlr_jax.data.synthetic import generate
+from dlr_jax.models.latent_lm import LatentLM, filter_for_stage
+from dlr_jax.models.transformer import Transformer
+from dlr_jax.stages.common import lm_loss
+from dlr_jax.text.tokens import Tokenizer, train_bpe
+
+ROOT = Path(__file__).resolve().parents[2]
+K, MAX_LEN, TOL = 32, 192, 1e-5
+
+
+@pytest.fixture(scope="module")
+def setup():
+    examples = generate(24, seed=4)
+    base = train_bpe([f"{e.question}\n{e.cot}{e.answer}" for e in generate(200, seed=1)], vocab_size=512,
+                     num_latents=K)
+    text_rows = -(-base.text_vocab_size // 64) * 64
+    tok = Tokenizer(base.backend, num_latents=K, pad_multiple=64, min_text_vocab_size=text_rows)
+    mcfg = ModelConfig(vocab_size=tok.text_vocab_size, hidden_size=32, intermediate_size=64, num_layers=2,
+                       num_heads=2, num_kv_heads=1, head_dim=16, eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    backbone = Transformer(mcfg, rngs=nnx.Rngs(params=0))
+    lm = LatentLM.from_backbone(Transformer(mcfg, rngs=nnx.Rngs(params=1)), tok, latent_dim=16,
+                                rngs=nnx.Rngs(params=2))
+    return examples, tok, random_latents(examples, K, seed=0), backbone, lm
+
+
+def _one_batch(stage, examples, tok, table, *, pack):
+    """Every example once, padded one a row or packed, as one batch (the rows of all the pipeline's batches)."""
+    ds = make_stage_dataset(stage, examples, tok, batch_size=4, max_len=MAX_LEN, seed=0, latents=table, pack=pack,
+                            num_epochs=1, drop_remainder=False, shard_index=0, shard_count=1, num_threads=0)
+    batches = list(ds)
+    return {k: np.concatenate([b[k] for b in batches]) for k in BATCH_KEYS}
+
+
+def _loss_and_grads(model, trainable, batch, vocab_mask):
+    """The Trainer's objective for one step: sum of the target tokens' NLL / their count, and its gradients."""
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+
+    def f(p):
+        total, count, _ = lm_loss(nnx.merge(graphdef, p, rest), batch, None, vocab_mask=vocab_mask)
+        return total / jnp.maximum(count, 1.0), count
+
+    (loss, count), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+    return float(loss), float(count), grads
+
+
+def _merged(batch):
+    """The packed rows with every segment in one: what a mask that ignores segment ids would see."""
+    return batch | {"segment_ids": (batch["segment_ids"] > 0).astype(np.int32)}
+
+
+@pytest.mark.parametrize("stage", ["textsft", "align", "sft"])
+def test_packed_and_padded_give_the_same_loss_and_gradients(stage, setup):
+    examples, tok, table, backbone, lm = setup
+    if stage == "textsft":
+        model, trainable, vocab_mask = backbone, nnx.Param, tok.vocab_padding_mask()[: tok.text_vocab_size]
+    else:
+        model, trainable, vocab_mask = lm, filter_for_stage(stage, lm.latent_cfg), lm.vocab_mask()
+    padded = _one_batch(stage, examples, tok, table, pack=False)
+    packed = _one_batch(stage, examples, tok, table, pack=True)
+    assert packed["tokens"].shape[0] < padded["tokens"].shape[0] // 2  # several examples a row
+    assert (packed["segment_ids"].max(axis=1) > 1).any()
+    loss_a, count_a, grads_a = _loss_and_grads(model, trainable, padded, vocab_mask)
+    loss_b, count_b, grads_b = _loss_and_grads(model, trainable, packed, vocab_mask)
+    assert count_a == count_b > 0  # the same target tokens: the prompt masked in textsft/sft, not in align
+    np.testing.assert_allclose(loss_b, loss_a, rtol=TOL, atol=TOL)
+    flat_a, flat_b = nnx.to_flat_state(grads_a), nnx.to_flat_state(grads_b)
+    assert [k for k, _ in flat_a] == [k for k, _ in flat_b]
+    for (path, ga), (_, gb) in zip(flat_a, flat_b, strict=True):
+        np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), rtol=TOL, atol=TOL, err_msg=str(path))
+    # the same rows with their segments merged: tokens of one example attend to another's; loss and gradients move
+    loss_m, count_m, grads_m = _loss_and_grads(model, trainable, _merged(packed), vocab_mask)
+    gap = max(float(np.abs(np.asarray(gm) - np.asarray(ga)).max())
+              for (_, gm), (_, ga) in zip(nnx.to_flat_state(grads_m), flat_a, strict=True))
+    assert count_m == count_a  # no sequence's first token is a target, so only attention changed
+    assert abs(loss_m - loss_a) > 10 * TOL and gap > 100 * TOL
+
+
+@pytest.mark.parametrize("which", ["backbone", "latent_lm"])
+def test_a_packed_segment_sees_only_itself(which, setup):
+    _, tok, _, backbone, lm = setup
+    model = backbone if which == "backbone" else lm
+    rng = np.random.default_rng(0)
+    vocab = tok.text_vocab_size if which == "backbone" else tok.total_vocab_size
+    a, b = rng.integers(1, vocab, 20), rng.integers(1, vocab, 30)
+    t = 64
+
+    def row(*segs, merged=False):
+        tokens, seg, pos, n = np.full(t, tok.pad_id), np.zeros(t, np.int32), np.zeros(t, np.int32), 0
+        for i, s in enumerate(segs):
+            tokens[n:n + len(s)], seg[n:n + len(s)] = s, 1 if merged else i + 1
+            pos[n:n + len(s)] = np.arange(len(s))
+            n += len(s)
+        return model(jnp.asarray(tokens[None]), positions=jnp.asarray(pos[None]), segment_ids=jnp.asarray(seg[None]))
+
+    alone = np.asarray(row(b))[0, :30]
+    packed = np.asarray(row(a, b))[0, 20:50]
+    np.testing.assert_allclose(packed, alone, rtol=TOL, atol=TOL)  # b after a = b alone
+    other = rng.integers(1, vocab, 20)
+    np.testing.assert_allclose(np.asarray(row(other, b))[0, 20:50], alone, rtol=TOL, atol=TOL)  # whatever a is
+    np.testing.assert_allclose(np.asarray(row(a, b))[0, :20], np.asarray(row(a))[0, :20], rtol=TOL, atol=TOL)
+    merged = np.asarray(row(a, b, merged=True))[0, 20:50]
+    assert np.abs(merged - alone).max() > 1e-3  # a mask without segments lets b read a
+
+
+MICRO = [
+    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+    "model.num_kv_heads=1", "model.head_dim=16", "data.synthetic_train=96", "data.synthetic_eval=8",
+    "data.max_len=256", "tokenizer.vocab_size=300", "tokenizer.pad_multiple=64", f"latent.num_latents={K}",
+    "latent.latent_dim=16", "latent.source=random", "latent.dual_branch=off", "mesh.fsdp=1", "data.pack=true",
+]
+for _s in ("textsft", "align", "sft"):
+    MICRO += [f"train.{_s}.batch_size=8", f"train.{_s}.num_epochs=1", f"train.{_s}.progress=false",
+              f"train.{_s}.async_checkpointing=false", f"train.{_s}.log_every=1"]
+
+
+def test_stages_train_on_packed_rows(tmp_path):
+    from dlr_jax.stages import align, sft, textsft
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", MICRO)
+    textsft.run(cfg, tmp_path, "cot")
+    align.run(cfg, tmp_path)
+    sft.run(cfg, tmp_path)
+    for stage in ("textsft_cot", "align", "sft"):
+        schedule = json.loads((tmp_path / stage / "schedule.json").read_text())
+        packed = schedule["packed"]
+        # an epoch of packed rows is fewer steps than one of padded rows
+        assert packed["examples_per_row"] > 1.2
+        assert schedule["num_steps"] < -(-schedule["examples"] // 8)
+        rows = [json.loads(line) for line in (tmp_path / stage / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == schedule["num_steps"]
+        assert all(0.5 < r["pack_efficiency"] <= 1 and r["sequences"] > 8 for r in rows), stage
