@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 FAKE_DEVICES := XLA_FLAGS="--xla_force_host_platform_device_count=8 $$XLA_FLAGS" JAX_PLATFORMS=cpu
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo bench peers lint clean
+.PHONY: venv test test-fast demo bench bench-gpu peers lint clean
 
 venv: $(STAMP)
 
@@ -30,6 +30,16 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	JAX_PLATFORMS=cpu $(BIN)/python -m dlr_jax.bench --out BENCHMARKS.md
+
+# One H100 / H200, under 8 minutes with its compiles: the SFT step of a Llama-3.2-1B-shaped model on packed rows
+# against PyTorch, GRPO, the planner beside the measurements (dlr_jax/bench/gpu.py; section `gpu`). Needs jax with
+# CUDA and a CUDA torch in the venv. BENCH_GPU_DRY=1 runs the same code on the CPU at a toy size, writing nothing.
+bench-gpu: $(STAMP)
+ifeq ($(BENCH_GPU_DRY),1)
+	JAX_PLATFORMS=cpu $(BIN)/python -m dlr_jax.bench.gpu --dry-run
+else
+	$(BIN)/python -m dlr_jax.bench.gpu --out BENCHMARKS.md
+endif
 
 # The GRPO peers of `--only grpo_peers` (dlr_jax/bench/grpo_peers.py), each in its own venv: their pins
 # (torch, jax, transformers) differ from ours. PEERS is where the benchmark looks (--peers-dir).

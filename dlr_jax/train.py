@@ -101,6 +101,9 @@ def _init_from_note(cfg: Config) -> str:
     from dlr_jax.config.model import RUN_MODEL_KEYS
     from dlr_jax.models.hf_config import model_config_from_hf  # not stages.common: --print-config loads no jax
 
+    if Path(cfg.init_from).suffix.lower() == ".gguf":
+        return (f"# init_from: a GGUF file; the first stage converts it into <workdir>/init_from/"
+                f"{Path(cfg.init_from).stem} and runs from that folder (python -m dlr_jax.convert --from-gguf)\n")
     try:
         arch = model_config_from_hf(cfg.init_from, **cfg.model.run_keys())
     except (OSError, ValueError) as e:  # a missing or unreadable config.json: the stage says so when it runs
@@ -120,6 +123,27 @@ def _multi_process() -> bool:
 def _say_refused(problem: str) -> None:
     who = f"process {os.environ.get('DLR_PROCESS_ID', '?')}: " if _multi_process() else ""
     print(f"error: {who}{problem}", file=sys.stderr, flush=True)
+
+
+def _gguf_init_from(cfg: Config, args: argparse.Namespace) -> tuple[Config, str | None, Exception | None]:
+    """`init_from=FILE.gguf`: the file converted into <workdir>/init_from/<stem> (once per workdir, by whichever
+    stage runs first, codebook included, so that every stage records the same init_from: the folder) and the run
+    goes on from that folder. (cfg, problem, exception) as `_init_from_problem` says them."""
+    if not cfg.init_from or not Path(cfg.init_from).is_file():
+        return cfg, None, None
+    import dataclasses
+
+    from dlr_jax.convert.gguf import converted_for_run, is_gguf_file
+
+    if not is_gguf_file(cfg.init_from):
+        return cfg, None, None  # check_init_from says what a file there means
+    try:
+        folder = converted_for_run(cfg.init_from, args.workdir)
+    except ConversionError as e:
+        return cfg, f"init_from: {e}", None
+    except Exception as e:  # noqa: BLE001 - re-raised after the vote, on this process
+        return cfg, f"init_from: {type(e).__name__}: {e}", e
+    return dataclasses.replace(cfg, init_from=str(folder)), None, None
 
 
 def _init_from_problem(cfg: Config, args: argparse.Namespace) -> tuple[str | None, Exception | None]:
@@ -208,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             _say_refused(problem)
         maybe_initialize_distributed()
+        if problem is None:
+            cfg, problem, unexpected = _gguf_init_from(cfg, args)
         if problem is None:
             problem, unexpected = _init_from_problem(cfg, args)
             if problem is not None:

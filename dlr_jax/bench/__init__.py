@@ -25,7 +25,10 @@ One module a benchmark, all sharing `common` (sizes, timing, the machine line, s
 - `latent_cost`: #L, generated tokens and wall time per question of Direct-SFT, CoT-SFT, DLR-SFT and
   DLR-Full from one trained workdir (`make demo`'s runs/demo/pipeline by default), interleaved.
 
-`python -m dlr_jax.bench.plan_report` writes the planner's table (`dlr_jax.plan.cli`) the same way.
+`python -m dlr_jax.bench.plan_report` writes the planner's table (`dlr_jax.plan.cli`) the same way, and
+`python -m dlr_jax.bench.gpu` (`make bench-gpu`) the `gpu` section: on one H100 / H200, the SFT step of a
+Llama-3.2-1B-shaped model on packed rows against PyTorch, GRPO at that shape, and the planner's roofline and
+memory beside the measured ones (`--dry-run`: the same code on the CPU at a toy size).
 
 Both sides of every ratio are measured in the same process, interleaved repeat by repeat, so a
 busy shared machine slows them alike; the medians are reported. Each benchmark rewrites only the

@@ -15,12 +15,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlr_jax.bench import codebook, grpo_peers, latent_cost, render_cache, rl, train
+from dlr_jax.bench import codebook, grpo_peers, latent_cost, pack, render_cache, rl, train
 from dlr_jax.bench.common import MAX_LOAD, SIZES, load_average, machine_info, write_section
 from dlr_jax.bench.compile import bench_compile, render_compile
 from dlr_jax.bench.sampling import bench_sampling, render_sampling
 
-BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache", "grpo_peers", "latent_cost")
+BENCHMARKS = ("sampling", "compile", "train", "codebook", "rl", "render_cache", "grpo_peers", "latent_cost", "pack")
 
 
 def parse_only(spec: str) -> list[str]:
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help=f"write peer ratios even when the load average before the run exceeded {MAX_LOAD} (per 2 "
                          "usable cores): other work on the machine, which would make them measure contention")
     sections = {"train": train, "codebook": codebook, "rl": rl, "render_cache": render_cache, "grpo_peers": grpo_peers,
-                "latent_cost": latent_cost}
+                "latent_cost": latent_cost, "pack": pack}
     for mod in sections.values():
         mod.add_arguments(ap)
     args = ap.parse_args(argv)

@@ -42,8 +42,10 @@ def stage_config(work: dict[str, Any]) -> Any:
     ])
 
 
-def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, float]]:
-    """Builds the stage's GRPOStep on the workload's model; returns `step(i) -> STEP payload`."""
+def build_step(work: dict[str, Any], workdir: str,
+               make_model: Callable[[Any, Any], Any] | None = None) -> Callable[[int], dict[str, float]]:
+    """Builds the stage's GRPOStep on the workload's model; returns `step(i) -> STEP payload`. `make_model(mesh,
+    rules)`: the policy, born on `mesh` (called again for the reference); default: the workload's HF Llama."""
     import dataclasses
 
     import jax
@@ -60,7 +62,10 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
     cfg = stage_config(work)
     rl, rules = cfg.rl, cfg.mesh.rules
     mesh = mesh_from_config(cfg.mesh)
-    _, model = load_hf(work["hf_dir"], mesh=mesh, rules=rules)
+    if make_model is None:
+        def make_model(m, r):
+            return load_hf(work["hf_dir"], mesh=m, rules=r)[1]
+    model = make_model(mesh, rules)
     vocab = model.cfg.vocab_size
     # The end-of-sequence id is never sampled: every completion is exactly new_tokens long, as the
     # peers' min_new_tokens makes theirs.
@@ -77,7 +82,7 @@ def build_step(work: dict[str, Any], workdir: str) -> Callable[[int], dict[str, 
     prompt_len = max(map(len, work["prompts"]))
     sampler = Sampler((graphdef, copy(state)), mesh=smesh, rules=rules, prompt_bucket=prompt_len,
                       unstack_layers=cfg.sampling.unstack)
-    ref_state = copy(nnx.state(load_hf(work["hf_dir"], mesh=smesh, rules=rules)[1])) if rl.beta else None
+    ref_state = copy(nnx.state(make_model(smesh, rules))) if rl.beta else None
     eos = work["eos_id"]
     # Only pad/stop ids are read outside the latent reward, which this workload replaces.
     tok = types.SimpleNamespace(pad_id=work["pad_id"], eos_id=eos, answer_end_id=eos, latent_start_id=eos,

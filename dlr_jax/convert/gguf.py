@@ -95,12 +95,16 @@ def _require_gguf():
 
 
 def _field(reader: GgufFile, key: str, default: Any = KeyError) -> Any:
+    """A metadata value. GGUF stores floats as float32: they come back as the shortest decimal that is that
+    float32 (1e-05, as the HF config.json it was made from says, not 9.999999747378752e-06)."""
     f = reader.fields.get(key)
     if f is None:
         if default is KeyError:
             raise ConversionError(f"{reader.path}: GGUF metadata lacks {key!r}")
         return default
     v = f.contents()
+    if isinstance(v, float):
+        return float(str(np.float32(v)))
     return v
 
 

@@ -37,7 +37,9 @@ batch, and the batches are the same for any num_workers. Packed (`pack=True`), e
 its own slice of the global stream: the examples of global step j are those of the unpacked run's
 global batch j only until a packer holds some back for a later row, so the rows, and the examples
 per step, depend on the number of processes and of workers; the state is grain's, and resuming it
-on another number of processes raises an error.
+on another number of processes raises an error. How many rows an epoch fills, padded or packed, comes with the
+dataset (`StageData.pack`, `data.packing`: the packer replayed on the examples' lengths), which the stages'
+epoch-based schedules use.
 
 Worker processes: `num_workers > 0` runs tokenisation (and later rendering) in grain worker
 processes. Everything passed to `.map` is a top-level callable or `functools.partial`, so it

@@ -63,6 +63,10 @@ def check_init_from(cfg: Config, stage: str, workdir: str | Path, mode: str = "b
         return
     d = Path(cfg.init_from)
     layout = "a Hugging Face checkpoint folder: config.json, *.safetensors, tokenizer.json"
+    if d.is_file() and d.suffix.lower() == ".gguf":  # python -m dlr_jax.train converts it; a stage's API does not
+        raise ConfigError(f"init_from={cfg.init_from}: a GGUF file; convert it first (python -m dlr_jax.convert "
+                          "--from-gguf FILE --out DIR, then init_from=DIR) or start the stage with python -m "
+                          "dlr_jax.train, which converts it into <workdir>/init_from/")
     if d.is_file():  # e.g. the checkpoint's config.json itself
         raise ConfigError(f"init_from={cfg.init_from}: a file; init_from takes the folder holding it ({layout})")
     if not d.is_dir():

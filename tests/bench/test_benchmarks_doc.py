@@ -13,7 +13,7 @@ DOC = REPO / "BENCHMARKS.md"
 MAX_LINES = 600
 # What writes a section: the CLI's benchmarks, sampling's and grpo_peers' GPU variants, plan_report's "plan";
 # experiments_main holds the `experiments main` table (README cites it by name).
-SECTIONS = (*cli.BENCHMARKS, "sampling_gpu", "grpo_peers_gpu", "plan", "experiments_main")
+SECTIONS = (*cli.BENCHMARKS, "sampling_gpu", "grpo_peers_gpu", "plan", "experiments_main", "gpu")
 
 
 def lines() -> list[str]:
