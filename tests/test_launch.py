@@ -123,3 +123,16 @@ def test_profile_dry_run_sets_the_window_and_the_hlo_dump(tmp_path):
 
 
 # The profiling recipe run for real (a trace file written, with its defaults): tests/core/test_metrics_log.py.
+
+
+def test_smollm2_experiment_dry_run_trains_the_three_arms_from_the_gguf_and_evaluates_them_on_gsm8k():
+    out = _sh("launch/smollm2_gpu.sh", "--dry-run", "runs/s", "--set", "data.path=aug.txt",
+              env={"GGUF": "/w/SmolLM2.gguf", "STEPS": "2", "LIMIT": "4"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    stages = [shlex.split(x)[shlex.split(x).index("--stage") + 1] for x in lines]
+    assert stages == ["codebook", "export", "textsft", "align", "sft", "textsft_direct", "textsft_cot", "sft"]
+    for line in lines[:5]:  # every stage from the GGUF (train converts it once) on the SmolLM2 recipe
+        assert "--config configs/smollm2-135m.yaml --workdir runs/s --set init_from=/w/SmolLM2.gguf" in line
+        assert "--set data.path=aug.txt" in line and ("--steps 2" in line) == ("--stage export" not in line)
+    assert all("--benchmarks gsm8k" in x and "--limit 4" in x for x in lines[5:])

@@ -283,3 +283,20 @@ def test_math_lengths_keep_99_percent_of_targets_whole(data_dir):
     assert not short, f"budgets keeping < 99 % of MATH sequences whole: {short}"
     gsm = load_config(CONFIGS / "paper" / "gsm8k.yaml")  # what the GSM8K sizes would have kept
     assert whole(chars, gsm.codebook.max_text_len) < 0.65 and whole(prompt, gsm.rl.max_prompt_tokens) < 0.99
+
+
+def test_smollm2_is_the_recipe_on_one_gpu():
+    """configs/smollm2-135m.yaml (the real model the suite runs, tests/stages/test_real_model.py): every paper value
+    of the recipe; only the codebook stage takes its global batch of 64 in 8 micro-batches, to fit one device."""
+    printed = _printed(CONFIGS / "smollm2-135m.yaml")
+    wrong = {p: (_get(printed, p), v) for p, v in PAPER.items() if _get(printed, p) != v}
+    assert not wrong, f"smollm2-135m: (printed, paper) differ: {wrong}"
+    cfg = load_config(CONFIGS / "smollm2-135m.yaml")
+    recipe = load_config(CONFIGS / "paper" / "gsm8k.yaml")
+    for section in ("train", "rl", "latent", "data", "eval"):
+        assert getattr(cfg, section) == getattr(recipe, section), section
+    one_gpu = dataclasses.replace(recipe.codebook.train, grad_accum=8)
+    assert cfg.codebook == dataclasses.replace(recipe.codebook, train=one_gpu)
+    assert (cfg.model.model_type, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.vocab_size) == (
+        "llama", 30, 576, 49152)
+    assert (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor) == (1, -1, 1)

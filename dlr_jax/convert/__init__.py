@@ -3,11 +3,13 @@
     python -m dlr_jax.convert --from-hf HF_DIR --out ORBAX_DIR [--mesh data=1,fsdp=8,tensor=1]
     python -m dlr_jax.convert --to-hf --from-orbax ORBAX_DIR --out HF_DIR [--force]
     python -m dlr_jax.convert --to-hf --from-workdir W --stage sft|rl --out HF_DIR
+    python -m dlr_jax.convert --from-gguf FILE.gguf --out HF_DIR
 
 - `decoder`: Llama / Qwen2 / Qwen3 / Qwen3-VL text <-> `models.transformer.Transformer`
   (`load_hf`, `save_hf`, Orbax); `load_hf` hands a deepseek_ocr2 directory to `ocr2`.
 - `ocr2` (+ `ocr2_names`): DeepSeek-OCR-2 <-> `models.ocr2.Ocr2Model`.
 - `workdir_export`: a trained stage of a workdir out to a `transformers` checkpoint.
+- `gguf`: a llama.cpp GGUF file (llama, qwen2, qwen3; quantized tensors dequantized) in as an HF folder.
 - `tensors`: safetensors reading, finiteness checks, parameter placement (shared by the above).
 - `cli`: the command line.
 

@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="HF safetensors <-> Orbax checkpoints of the dlr_jax Transformer "
         f"(model_type: {supported_model_types()}, deepseek_ocr2; qwen3_vl imports the text tower, exports as qwen3).",
         epilog="examples:\n  python -m dlr_jax.convert --from-hf ~/hf/Llama-3.2-1B --out ckpt/llama1b\n"
-        "  python -m dlr_jax.convert --to-hf --from-orbax ckpt/llama1b --out hf_out/",
+        "  python -m dlr_jax.convert --to-hf --from-orbax ckpt/llama1b --out hf_out/\n"
+        "  python -m dlr_jax.convert --from-gguf SmolLM2-135M-Instruct.Q4_1.gguf --out weights/smollm2-135m",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("--from-hf", type=Path, metavar="DIR",

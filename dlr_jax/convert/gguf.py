@@ -10,7 +10,7 @@ file type and the count of tensors per type) and the dtype written, since a dequ
 model its authors trained in bf16 and a result reported on it should say so.
 
 Families: the GGUF architectures llama, qwen2, qwen3 (our model_types of the same names). llama.cpp's
-converter reorders the rows of a Llama q/k projection for its interleaved RoPE; `_unpermute` puts them back in
+converter reorders the rows of a Llama q/k projection for its interleaved RoPE; `unpermute_qk` puts them back in
 the half-split order of transformers (and ours); qwen2/qwen3 GGUFs keep the HF order.
 
 Why two readers: the weights go through our own table (`GGUF_RULES`) and gguf-py's numpy dequantizer, not
@@ -18,7 +18,7 @@ through transformers' GGUF loader, so that (1) a test can hold our conversion ag
 independent implementation (a q/k permutation or a name swap would show there, and the same reader on both
 sides would prove nothing), (2) tensors are read one at a time from the memory-mapped file and never pass
 through a torch module, and (3) the mapping is a declarative table like the safetensors one
-(DESIGN.md "HF interop"). The tokenizer comes from transformers' GGUF tokenizer rebuild (vocabulary, merges,
+(CONTRIBUTING.md, "HF interop"). The tokenizer comes from transformers' GGUF tokenizer rebuild (vocabulary, merges,
 the pre-tokenizer regex named by `tokenizer.ggml.pre`, special tokens, chat template): rebuilding a
 pre-tokenizer by hand is where a conversion goes wrong silently (a different split of digits is a
 different model), and transformers is the reference the hub's own tokenizer.json files come from. That
@@ -219,7 +219,7 @@ def model_config_from_gguf(reader: GgufFile) -> ModelConfig:
 # Tensors
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undoes llama.cpp's row order of a Llama q/k projection [n_head * head_dim, d]: it stores each head's
     rotary pairs interleaved (x0, x_{hd/2}, x1, ...), transformers half-split (x0..x_{hd/2-1}, x_{hd/2}..)."""
     rows = w.shape[0]
@@ -257,7 +257,7 @@ def hf_tensors(reader: GgufFile, cfg: ModelConfig, dtype: str = "float32") -> di
                                       f"{cfg.num_layers} layers)")
             x = _dequantized(t, gguf)
             if rule.unpermute and cfg.model_type == "llama":
-                x = _unpermute(x, heads[rule.unpermute])
+                x = unpermute_qk(x, heads[rule.unpermute])
             check_finite(x, src, reader.path)
             out[dst] = x.astype(np.dtype(dtype))
             used.add(src)
@@ -301,9 +301,10 @@ def convert_gguf(path: str | Path, out_dir: str | Path, *, dtype: str = "float32
         raise ConversionError(f"--dtype {dtype!r} for a GGUF conversion: choose one of {', '.join(DTYPES)}")
     say = log or (lambda s: None)
     path, out = Path(path), Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not force:
-            raise ConversionError(f"{out} exists and is not empty; pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ConversionError(f"{out}: exists and is not empty; pass --force to replace it")
     reader = open_gguf(path)
     cfg = model_config_from_gguf(reader)
     say(f"{path.name}: {cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}")
