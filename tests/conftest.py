@@ -16,10 +16,6 @@ for _flag in compile_flags():
     if _flag not in os.environ["XLA_FLAGS"].split():  # the caller's own setting is already there
         os.environ["XLA_FLAGS"] += " " + _flag
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Under xdist every worker shares the machine's cores: one PyTorch thread per worker (the transformers references)
-# instead of each worker's pool fighting the others' for the same cores.
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import jax  # noqa: E402
 
