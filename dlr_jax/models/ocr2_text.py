@@ -37,6 +37,7 @@ from dlr_jax.models.transformer import (
     dense,
     remat_fn,
     rms_norm,
+    write_kv_cache,
 )
 from dlr_jax.models.transformer import new_param as param
 
@@ -96,13 +97,7 @@ def attention_block(
     if kv is None:
         out = attention(q, k, v, mask, cfg.attention)
     else:
-        ck, cv, layer = kv
-        at = (layer, 0, 0, cache_index, 0)
-        ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
-        cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
-        new_kv = (ck, cv)
-        k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
-        v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
+        new_kv, k, v = write_kv_cache(kv, k, v, cache_index, dt)
         out = attention(q, k, v, mask, cfg.attention, kv_heads_major=True)
     x = x + dense(out, p["o_proj"].astype(dt), contract=2)
     return constrain(x, ("batch", "length", "act_embed")), new_kv

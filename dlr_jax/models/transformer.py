@@ -139,20 +139,7 @@ def layer_forward(
         # The new tokens go straight into the whole cache [layers, b, kv, s, hd] (an in-place write
         # of T slots), then attention reads this layer's slice. Slicing the layer out first, updating
         # the slice and writing it back made XLA:CPU copy each layer's cache several times per step.
-        ck, cv, layer = kv
-        if layer is None:  # this layer's own buffers [b, kv, s, hd] (`unstack_cache`): no slicing at all
-            at = (0, 0, cache_index, 0)
-            ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype), at)
-            cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype), at)
-            new_kv = (ck, cv)
-            k, v = ck.astype(dt), cv.astype(dt)
-        else:
-            at = (layer, 0, 0, cache_index, 0)
-            ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
-            cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
-            new_kv = (ck, cv)
-            k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
-            v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
+        new_kv, k, v = write_kv_cache(kv, k, v, cache_index, dt)
         attn = attention(q, k, v, mask, cfg.attention, kv_heads_major=True)
     else:
         attn = attention(q, k, v, mask, cfg.attention, segment_ids)
@@ -261,6 +248,25 @@ def run_layers(
 
 # ----------------------------------------------------------------------------------------------
 # Parameter containers.
+
+
+def write_kv_cache(kv, k: Array, v: Array, cache_index, dt) -> tuple[tuple[Array, Array], Array, Array]:
+    """Writes a layer's new keys / values `[b, T, kv, hd]` at `cache_index` and returns `((ck, cv), k, v)`, the
+    updated caches and this layer's whole cache `[b, kv, s, hd]` to attend over. `kv = (ck, cv, layer)`: the
+    stacked caches `[layers, b, kv, s, hd]` and this layer's index, or `layer=None` for a layer's own buffers
+    `[b, kv, s, hd]` (`unstack_cache`)."""
+    ck, cv, layer = kv
+    if layer is None:  # no slicing at all
+        at = (0, 0, cache_index, 0)
+        ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype), at)
+        cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype), at)
+        return (ck, cv), ck.astype(dt), cv.astype(dt)
+    at = (layer, 0, 0, cache_index, 0)
+    ck = jax.lax.dynamic_update_slice(ck, k.swapaxes(1, 2).astype(ck.dtype)[None], at)
+    cv = jax.lax.dynamic_update_slice(cv, v.swapaxes(1, 2).astype(cv.dtype)[None], at)
+    k = jax.lax.dynamic_index_in_dim(ck, layer, keepdims=False).astype(dt)
+    v = jax.lax.dynamic_index_in_dim(cv, layer, keepdims=False).astype(dt)
+    return (ck, cv), k, v
 
 
 def new_param(rngs: nnx.Rngs, shape, axes, dtype, init: str = "normal", scale: float = 0.02) -> nnx.Param:
