@@ -19,7 +19,7 @@ if __name__ == "__main__":
         jax.config.update("jax_default_matmul_precision", "highest")  # as tests/conftest.py
     from dlr_jax import train
     from dlr_jax.core.sharding import maybe_initialize_distributed
-    from dlr_jax.eval import evaluate
+    from dlr_jax.eval import cli as evaluate
 
     maybe_initialize_distributed()
     workdir, stages, sets = sys.argv[1], sys.argv[2].split(","), sys.argv[3:]

@@ -39,7 +39,6 @@ MultiArith: the full 600 problems, and also the 180-problem test split of Ho et 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime
 import hashlib
@@ -57,13 +56,13 @@ from jax.sharding import Mesh, NamedSharding
 from dlr_jax.config import Config, ConfigError, EvalConfig, apply_overrides, load_config, to_dict
 from dlr_jax.core.files import atomic_path, write_text_atomic
 from dlr_jax.core.machine import git_commit
-from dlr_jax.core.sharding import maybe_initialize_distributed, mesh_from_config
+from dlr_jax.core.sharding import mesh_from_config
 from dlr_jax.data.formats import prompt_ids
 from dlr_jax.data.readers import SYNTHETIC_FAMILY
 from dlr_jax.data.records import DataFormatError, Example
 from dlr_jax.data.sources import load_examples
 from dlr_jax.eval.scoring import format_ok, score_one
-from dlr_jax.eval.stats import STD_NOTE, format_table, length_sorted_batches, mean_std, summarise
+from dlr_jax.eval.stats import STD_NOTE, length_sorted_batches, mean_std, summarise
 from dlr_jax.generate.latent_grammar import eval_vocab_mask, latent_phase_processor, latent_processor_aux
 from dlr_jax.generate.sampler import Sampler
 from dlr_jax.rewards.answer_format import KNOWN_BENCHMARKS
@@ -440,99 +439,3 @@ def _eval_settings(cfg: Config, config: str | Path | None, overrides: Sequence[s
         other = load_config(config)
         cfg = dataclasses.replace(cfg, eval=other.eval, sampling=other.sampling)
     return apply_overrides(cfg, overrides)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m dlr_jax.evaluate",
-        description="Pass@1 and #L of a trained stage on the benchmarks (mean ± std over seeds). Writes "
-        "<workdir>/<stage>/eval/results.json (metrics, config, date, git commit) and samples.jsonl (every "
-        "prediction), and prints a table.",
-        epilog="Settings come from <workdir>/config.yaml, then the eval/sampling sections of --config, then "
-        "--set, then the flags. Benchmarks: gsm8k gsm8k_aug gsm_hard svamp multiarith math500 math_train "
-        "synthetic, and for a synthetic run its out-of-domain analogues synthetic_hard (numbers x10) and "
-        "synthetic_reworded (reworded + an irrelevant sentence); optionally name:split (gsm8k_aug:valid). "
-        "Pass@1 is printed in %; std is ddof=0 over seeds; greedy decoding runs once. Latent mode is "
-        "constrained decoding unless --no-constrain-format (see the dlr_jax/eval/evaluate.py docstring).",
-    )
-    p.add_argument("--workdir", help="the training workdir (required unless --aggregate)")
-    p.add_argument("--aggregate", nargs="+", metavar="WORKDIR",
-                   help="combine the results.json of these workdirs (e.g. 5 training seeds) into mean ± std "
-                   "per benchmark; with --stage, --tag and --out (see dlr_jax/eval/aggregate.py)")
-    p.add_argument("--out", help="with --aggregate: also write the combined JSON here")
-    p.add_argument("--stage", required=True,
-                   help="stage to evaluate: textsft_cot, textsft_direct, textsft_direct_from_cot, align, sft or rl")
-    p.add_argument("--benchmarks", help="comma-separated benchmark names (default: eval.benchmarks)")
-    p.add_argument("--seeds", type=int, help="seeds (sampling runs) per benchmark (default: eval.seeds)")
-    p.add_argument("--limit", type=int, help="only the first N examples of each benchmark (0 = all)")
-    p.add_argument("--mode", choices=MODES,
-                   help="latent (dynamic latent decoding), cot or direct; default from the stage "
-                   "(textsft_cot -> cot, textsft_direct[_from_cot] -> direct, else latent)")
-    p.add_argument("--max-latents", type=int, help="cap on latents in dynamic decoding (eval.max_latents)")
-    p.add_argument("--force-latents", type=int, metavar="N",
-                   help="forced early stop: </latent> right after N latents (replaces the cap)")
-    p.add_argument("--no-constrain-format", dest="constrain_format", action="store_false",
-                   help="do not constrain decoding to the answer format (only the latent cap applies)")
-    p.add_argument("--data-dir", help="data root holding gsm8k/ svamp/ ... (default: $DLR_DATA_DIR, else the "
-                   "checkout's ../shared/data, else its data/)")
-    p.add_argument("--config", help="YAML whose eval: and sampling: sections replace the workdir's")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
-                   help="config override, e.g. eval.batch_size=16 or eval.temperature=1.0 (repeatable)")
-    p.add_argument("--tag", default="", help="write results_<tag>.json / samples_<tag>.jsonl instead")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from dlr_jax.core.compile_cache import enable as enable_compile_cache
-
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    if a.aggregate:
-        from dlr_jax.eval.aggregate import aggregate, format_aggregate
-
-        agg = aggregate(a.aggregate, a.stage, tag=a.tag)
-        if a.out:
-            Path(a.out).write_text(json.dumps(agg, indent=2) + "\n")
-        print(format_aggregate(agg), flush=True)
-        return agg
-    if not a.workdir:
-        parser.error("--workdir is required (or --aggregate W1 W2 ...)")
-    maybe_initialize_distributed()  # DLR_COORDINATOR etc.: one command per process, like train
-    enable_compile_cache()
-    results = evaluate(
-        a.workdir, a.stage,
-        benchmarks=None if a.benchmarks is None else [b for b in a.benchmarks.split(",") if b],
-        seeds=a.seeds, limit=a.limit, max_latents=a.max_latents, force_latents=a.force_latents, mode=a.mode,
-        constrain_format=a.constrain_format, data_dir=a.data_dir, config=a.config, overrides=a.overrides,
-        tag=a.tag, progress=a.progress,
-    )
-    if jax.process_index() == 0:  # every process computed the same results: print them once
-        print(format_table(results), file=sys.stdout, flush=True)
-    return results
-
-
-def cli(argv: Sequence[str] | None = None) -> None:
-    """`python -m dlr_jax.evaluate`: `main`, with a missing stage or data file as one line (exit 2)."""
-    from dlr_jax.core.exit_codes import NO_SPACE, REFUSED, no_space_error, no_space_message
-    from dlr_jax.core.files import MissingStageError
-    from dlr_jax.eval.aggregate import ResultsFileError
-    from dlr_jax.run.checkpoint import CheckpointUnreadable
-
-    try:
-        main(argv)
-    # A missing stage names the command that makes it; a missing data file, the command that downloads it; a damaged
-    # final/ the command that rewrites it.
-    except (ConfigError, DataFormatError, FileNotFoundError, MissingStageError, ResultsFileError,
-            CheckpointUnreadable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        raise SystemExit(REFUSED) from None
-    except OSError as e:  # a full disk while writing the results: one line, exit code 75 (core/exit_codes.py)
-        if no_space_error(e) is None:
-            raise
-        print(f"error: {no_space_message(e, '.')}", file=sys.stderr)
-        raise SystemExit(NO_SPACE) from None
-
-
-if __name__ == "__main__":
-    cli()

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from dlr_jax.eval import evaluate as ev
+from dlr_jax.eval import cli as ev_cli
 from dlr_jax.eval.aggregate import aggregate, results_file
 
 
@@ -18,7 +18,7 @@ def test_aggregate_is_mean_and_population_std_over_runs(tmp_path, capsys):
     for i, (p, n) in enumerate([(0.4, 6.0), (0.5, 7.0), (0.6, 8.0)]):
         _write(tmp_path / f"s{i}", "rl", p, n)
     out = tmp_path / "agg.json"
-    agg = ev.main(["--aggregate", *(str(tmp_path / f"s{i}") for i in range(3)), "--stage", "rl", "--out", str(out)])
+    agg = ev_cli.main(["--aggregate", *(str(tmp_path / f"s{i}") for i in range(3)), "--stage", "rl", "--out", str(out)])
     g = agg["benchmarks"]["gsm8k"]
     assert g["pass_at_1"]["mean"] == pytest.approx(0.5) and g["pass_at_1"]["std"] == pytest.approx((2 / 300) ** 0.5)
     assert g["L"]["per_run"] == [6.0, 7.0, 8.0]

@@ -13,6 +13,7 @@ from flax import nnx
 from dlr_jax.config import Config, EvalConfig, ModelConfig
 from dlr_jax.data.formats import prompt_ids
 from dlr_jax.data.records import Example
+from dlr_jax.eval import cli as ev_cli
 from dlr_jax.eval import evaluate as ev
 from dlr_jax.generate.sampler import Sampler
 from dlr_jax.rewards.answer_format import format_reward, is_correct
@@ -236,7 +237,7 @@ def test_cli_writes_results_and_multiarith_subset(tok, tmp_path, monkeypatch, ca
         return model, tok, Config(eval=EvalConfig(benchmarks=("svamp",), batch_size=128))
 
     monkeypatch.setattr(ev, "load_stage_model", fake_load)
-    results = ev.main(["--workdir", str(tmp_path), "--stage", "sft", "--benchmarks", "multiarith",
+    results = ev_cli.main(["--workdir", str(tmp_path), "--stage", "sft", "--benchmarks", "multiarith",
                        "--set", "eval.max_new_tokens=16", "--max-latents", "6", "--no-progress"])
     assert calls == [(str(tmp_path), "sft")]
     out = tmp_path / "sft" / "eval"
@@ -272,7 +273,7 @@ def test_synthetic_variants_are_drawn_from_the_workdirs_data_settings(tok, tmp_p
                  eval=EvalConfig(benchmarks=("synthetic", "synthetic_hard", "synthetic_reworded"), batch_size=128))
     monkeypatch.setattr(ev, "load_stage_model", lambda w, s, *, mesh=None: (BigramLM(scripted_table(tok, n_latents=2)),
                                                                          tok, cfg))
-    res = ev.main(["--workdir", str(tmp_path), "--stage", "sft", "--set", "eval.max_new_tokens=12",
+    res = ev_cli.main(["--workdir", str(tmp_path), "--stage", "sft", "--set", "eval.max_new_tokens=12",
                    "--max-latents", "4", "--no-progress"])
     assert {b: r["n"] for b, r in res["benchmarks"].items()} == dict.fromkeys(cfg.eval.benchmarks, 24)
     rows = [json.loads(line) for line in (tmp_path / "sft/eval/samples.jsonl").read_text().splitlines()]
@@ -331,7 +332,7 @@ def test_a_multiarith_copy_that_is_not_the_600_problem_file_is_scored_without_it
 
 def test_help_and_default_modes(capsys):
     with pytest.raises(SystemExit) as e:
-        ev.build_parser().parse_args(["--help"])
+        ev_cli.build_parser().parse_args(["--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
     assert "--force-latents" in text and "--seeds" in text and "--data-dir" in text
