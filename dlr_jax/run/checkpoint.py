@@ -107,7 +107,10 @@ def settle_background_writes(timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     for t in threading.enumerate():
         if t is not threading.current_thread() and type(t).__module__.startswith("orbax."):
-            t.join(max(0.0, deadline - time.monotonic()))
+            try:
+                t.join(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - Orbax's threads re-raise their write error on join: the one reported
+                pass
 
 
 def reported_unreadable(path: str | Path) -> None:

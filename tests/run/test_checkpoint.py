@@ -53,3 +53,24 @@ def test_small_replicated_arrays_are_written_whole_and_restored(monkeypatch, tmp
     rows = 8 * checkpoint.REPLICA_PARALLEL_MIN_SLICE_BYTES // (1024 * jnp.dtype(jnp.float32).itemsize)
     big = _replicated(_Params(rows, rngs=nnx.Rngs(0)), mesh)
     assert _slices_during_save(monkeypatch, big, tmp_path / "big") > 0
+
+
+def test_settling_a_failed_save_does_not_raise_the_threads_own_write_error():
+    """Orbax's save threads re-raise their error on `join()`: the full disk the command already reports in one line
+    must not come back as a second traceback (exit 1 instead of 75)."""
+    import threading
+
+    from dlr_jax.run.checkpoint import settle_background_writes
+
+    class FailedWrite(threading.Thread):
+        def join(self, timeout=None):
+            super().join(timeout)
+            raise OSError(28, "No space left on device")
+
+    FailedWrite.__module__ = "orbax.checkpoint._src.futures.future"
+    import time
+
+    t = FailedWrite(target=time.sleep, args=(0.3,))  # still writing when the command settles
+    t.start()
+    settle_background_writes(timeout=5.0)  # raises OSError without the guard
+    assert not t.is_alive()

@@ -107,7 +107,7 @@ def test_cli_every_checkpoint_damaged_is_exit_2_and_one_line(tmp_path, capsys):
 
 def test_evaluate_on_a_damaged_final_is_one_line_exit_2(tmp_path, capsys):
     from dlr_jax.config import load_config
-    from dlr_jax.eval import evaluate
+    from dlr_jax.eval import cli as ev_cli
     from tests.micro import untrained_workdir
 
     w = untrained_workdir(load_config(ROOT / "configs" / "tiny.yaml", MICRO), tmp_path / "w", with_codebook=False)
@@ -115,7 +115,7 @@ def test_evaluate_on_a_damaged_final_is_one_line_exit_2(tmp_path, capsys):
     (params / "manifest.ocdbt").unlink()
     before = sorted(p.relative_to(w) for p in w.rglob("*"))
     with pytest.raises(SystemExit) as e:
-        evaluate.cli(["--workdir", str(w), "--stage", "sft", "--limit", "2", "--no-progress"])
+        ev_cli.cli(["--workdir", str(w), "--stage", "sft", "--limit", "2", "--no-progress"])
     assert e.value.code == exit_codes.REFUSED
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {params}: does not restore ("), err
