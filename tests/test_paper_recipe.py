@@ -33,6 +33,9 @@ PAPER: dict[str, object] = {
     "data.max_len": 256, "data.max_cot_tokens": 2048, "data.dataset": "gsm8k_aug",
     "model.dtype": "bfloat16",
     "eval.seeds": 5, "eval.benchmarks": ["gsm8k", "gsm_hard", "svamp", "multiarith"],
+    # [Eval] greedy "dynamic" decoding: the model emits </latent> itself (no grammar forces the format), and the
+    # answer is the <answer> span's; the paper's only sampling temperature is RL's (rl.temperature above)
+    "eval.temperature": 0.0, "eval.decoding": "dynamic", "eval.answer_fallback": "off",
     # the real DeepEncoder V2: causal flow of Qwen2-0.5B shape, 896 wide (14 heads x 64)
     "codebook.flow_layers": 24, "codebook.flow_heads": 14, "codebook.flow_kv_heads": 2,
     "codebook.flow_head_dim": 64, "codebook.flow_mlp": 4864, "codebook.flow_hidden": 896,
@@ -41,6 +44,12 @@ PAPER: dict[str, object] = {
 }
 for _stage in ("codebook.train", "train.textsft", "train.textsft_direct", "train.align", "train.sft", "train.rl"):
     PAPER.update({f"{_stage}.{k}": v for k, v in _EVERY_STAGE.items()})
+# The losses as the paper writes them: sums ([Codebook] CE over the characters, VQ and commitment over the N
+# latents' squared norms; [Align] / [SFT] CE over the tokens, the dual branch's too), per example. GRPO ([RL])
+# aggregates its own way (rl.loss_agg_mode), so train.rl keeps the per-token mean.
+for _stage in ("codebook.train", "train.textsft", "train.textsft_direct", "train.align", "train.sft"):
+    PAPER[f"{_stage}.loss_reduction"] = "sum"
+PAPER["train.rl.loss_reduction"] = "mean"
 # The data protocol, from the paper's data section: "allocating all 385K for latent-text alignment, 300K for SFT,
 # and the remaining 85K for RL" (the split stays 300K / 85K; align reads both parts).
 PAPER_PROTOCOL: dict[str, object] = {"data.align_part": "all", "data.rl_split": 85620,

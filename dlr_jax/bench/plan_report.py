@@ -4,7 +4,9 @@
         --stages sft,rl,rollout --devices h100,tpu-v5p --out BENCHMARKS.md
 
 Each cell is one deviceless compile (`plan.plan_once`); `--jsonl F` also keeps every plan as a line of
-JSON, and `--from-jsonl F` rebuilds the table from such a file without compiling again.
+JSON (with the command and machine that made it), and `--from-jsonl F1,F2` rebuilds the table from such files
+without compiling again: rows of several runs (another config's stages, the TPU compiler's own environment)
+in one table, each run's command named.
 """
 
 from __future__ import annotations
@@ -20,13 +22,25 @@ from typing import Any
 GiB = 1 << 30
 
 
+def commands(rows: Sequence[dict[str, Any]], command: str, machine: str) -> str:
+    """The commands that made `rows` (a row's own "command" and "machine", else the given ones), in order:
+    "`c1` (m1); rows of cfg: `c2` (m2)"."""
+    runs: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        names = runs.setdefault((r.get("command", command), r.get("machine", machine)), [])
+        if r.get("config", "") not in names:
+            names.append(r.get("config", ""))
+    text = [f"`{c}` ({m})" if i == 0 else f"rows of {', '.join(runs[c, m])}: `{c}` ({m})"
+            for i, (c, m) in enumerate(runs)]
+    return "; ".join(text) or f"`{command}` ({machine})"
+
+
 def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
     out = [
         "## plan: deviceless AOT compiles of the paper recipe (per device)",
-        "",
-        f"Command: `{command}` ({machine}). Memory is XLA's buffer assignment for the target (peak = arguments "
-        "+ outputs - aliased + temporaries); FLOPs are counted on the step's jaxpr with every loop body times "
-        "its trip count (XLA's own cost analysis sees a `while` body once); time and MFU are a roofline "
+        f"Command: {commands(rows, command, machine)}. Memory is XLA's buffer assignment for the target (peak = "
+        "arguments + outputs - aliased + temporaries); FLOPs are counted on the step's jaxpr with every loop body "
+        "times its trip count (XLA's own cost analysis sees a `while` body once); time and MFU are a roofline "
         "(max of FLOPs / peak and bytes / bandwidth), not a measurement. Every row pads its sequences to the "
         "recipe's 256 tokens (global batch 64), so the stage totals assume no packing.",
         "",
@@ -92,15 +106,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--stages", default="sft,rl,rollout")
     ap.add_argument("--devices", default="h100,tpu-v5p")
     ap.add_argument("--mesh", default="data=1,fsdp=8,tensor=1")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                    help="a config override for every config (e.g. codebook.init_from=DIR), repeatable")
     ap.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     ap.add_argument("--jsonl", type=Path, help="also write every plan here, one JSON object a line")
-    ap.add_argument("--from-jsonl", type=Path, help="build the table from saved plans (each with a 'config' key)")
+    ap.add_argument("--from-jsonl", help="build the table from saved plans (each with a 'config' key): files, "
+                    "comma-separated; a row without its own command and machine is said to come from this one's")
+    ap.add_argument("--machine", help="the machine of rows that do not name theirs (default: this one, today)")
     a = ap.parse_args(argv)
     command = ("JAX_PLATFORMS=cpu python -m dlr_jax.bench.plan_report " +
-               f"--configs {a.configs} --stages {a.stages} --devices {a.devices} --mesh {a.mesh}")
+               f"--configs {a.configs} --stages {a.stages} --devices {a.devices} --mesh {a.mesh}" +
+               "".join(f" --set {o}" for o in a.overrides))
+    day = datetime.date.today().isoformat()
+    machine = a.machine or f"{platform.processor() or platform.machine()} host, no accelerator, {day}; {_compilers()}"
     rows: list[dict[str, Any]] = []
     if a.from_jsonl:
-        rows = [json.loads(line) for line in a.from_jsonl.read_text().splitlines() if line.startswith("{")]
+        rows = [json.loads(line) for f in a.from_jsonl.split(",") for line in Path(f).read_text().splitlines()
+                if line.startswith("{")]
     else:
         from dlr_jax.config import load_config
         from dlr_jax.core.sharding import parse_mesh_spec
@@ -109,21 +131,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         shape = parse_mesh_spec(a.mesh)
         for path in a.configs.split(","):
-            cfg = load_config(path)
+            cfg = load_config(path, a.overrides)
             for device in a.devices.split(","):
                 for stage in a.stages.split(","):
                     try:
                         r = plan.plan_once(cfg, stage, TARGETS[device], shape)
                     except Exception as e:  # noqa: BLE001 - a failed compile is a row of the table
                         r = {"stage": stage, "device": device, "error": f"{type(e).__name__}: {e}"}
-                    r["config"] = Path(path).stem
+                    r |= {"config": Path(path).stem, "command": command, "machine": machine}
                     rows.append(r)
                     print(plan.format_plan(r) if "error" not in r else r, flush=True)
                     if a.jsonl:
                         with open(a.jsonl, "a") as f:
                             f.write(json.dumps(r, default=float) + "\n")
-    day = datetime.date.today().isoformat()
-    machine = f"{platform.processor() or platform.machine()} host, no accelerator, {day}; {_compilers()}"
     write_section(a.out, "plan", table(rows, command=command, machine=machine))
     print(f"wrote the plan section of {a.out}")
     return 0

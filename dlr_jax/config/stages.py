@@ -36,13 +36,26 @@ class TrainConfig:
     profile_steps: str = ""  # "a:b" -> jax.profiler trace of steps [a, b)
     progress: bool = True
     seed: int = 0
+    # How the stage's loss is normalised (its loss function; training/trainer.py divides by the matching count).
+    # mean: per token (per character in the codebook stage; the VQ terms per element of the B x N x d_c
+    # features), the default. sum: the paper's equations, written as sums: each example's CE summed over its
+    # tokens (or characters) and, in the codebook stage, lambda_vq * (vq + beta * commit) summed over its N
+    # latents' squared norms; then averaged over the examples of the global batch (our reading of the batch
+    # reduction: the paper writes one example's loss). The paper's learning rates were tuned for its sums
+    # (configs/paper/*.yaml set sum). Logged per-token means stay comparable (ce, lm_ce, ce_q, ...); `loss` is
+    # the optimised one: per example under sum.
+    loss_reduction: str = "mean"
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"train.<stage>.optimizer must be one of {'|'.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.loss_reduction not in LOSS_REDUCTIONS:
+            raise ConfigError(f"train.<stage>.loss_reduction (or codebook.train.loss_reduction) must be one of "
+                              f"{'|'.join(LOSS_REDUCTIONS)}, got {self.loss_reduction!r}")
 
 
 OPTIMIZERS = ("adamw", "sgd")  # what optimizer.make_optimizer builds
+LOSS_REDUCTIONS = ("mean", "sum")  # TrainConfig.loss_reduction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,14 +72,35 @@ class LatentConfig:
     # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process
     # reward then decodes with it). auto: on iff <workdir>/codebook/final exists and source=codebook;
     # on: required (an error names what is missing); off. Needs data.pack=false. YAML's bare on/off
-    # (booleans) are accepted. Loss: LM token-mean CE + dual_branch_weight * OCR char-mean CE.
+    # (booleans) are accepted. Loss: LM token-mean CE + dual_branch_weight * OCR char-mean CE. Under
+    # codebook.render_unit=step the decoder reads one step's codes back as that step's text, as the codebook
+    # trained it: one latent step per row, drawn per example: an unbiased sample of the per-step loss.
     dual_branch: str | bool = "auto"
     dual_branch_weight: float = 1.0
+    # Stage sft's latent curriculum (dlr_jax/data/curriculum.py; not the paper's, which trains on whole latent
+    # spans: off): rows [x ; <latent> codes of the first k steps </latent> text of the other steps <answer> a ...].
+    # stagewise (Coconut): k grows by one every curriculum_stages of the sft steps, the last stage all latent;
+    # random (Token Assorted): k uniform in [curriculum_k_min, S] per example and epoch. S: the steps of the
+    # latent span (codebook.render_unit=step), 1 for a whole-chain span. YAML's bare off is accepted.
+    curriculum: str | bool = "off"
+    curriculum_stages: float = 0.25  # stagewise: share of the sft steps one stage lasts
+    curriculum_k_min: int = 0  # k is never below min(curriculum_k_min, S)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dual_branch", auto_on_off(self.dual_branch, "latent.dual_branch"))
         if self.dual_branch_weight < 0:
             raise ConfigError(f"latent.dual_branch_weight must be >= 0, got {self.dual_branch_weight}")
+        if self.curriculum is False:
+            object.__setattr__(self, "curriculum", "off")
+        if self.curriculum not in CURRICULA:
+            raise ConfigError(f"latent.curriculum must be one of {'|'.join(CURRICULA)}, got {self.curriculum!r}")
+        if not 0 < self.curriculum_stages <= 1:
+            raise ConfigError(f"latent.curriculum_stages must be in (0, 1], got {self.curriculum_stages}")
+        if self.curriculum_k_min < 0:
+            raise ConfigError(f"latent.curriculum_k_min must be >= 0, got {self.curriculum_k_min}")
+
+
+CURRICULA = ("off", "stagewise", "random")  # latent.curriculum (dlr_jax/data/curriculum.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +116,12 @@ class RLTrainConfig(TrainConfig):
     num_steps: int = 200
     log_every: int = 1
     checkpoint_every: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss_reduction != "mean":  # GRPO normalises its own way; a second key would contradict it
+            raise ConfigError(f"train.rl.loss_reduction must stay mean (got {self.loss_reduction!r}): GRPO's "
+                              "aggregation is rl.loss_agg_mode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +155,8 @@ class RLConfig:
     max_latents: int = 32  # `</latent>` forced after this many latents (0 = no cap)
     constrain_format: bool = False  # constrained decoding (makes R_fmt ~ 1 by construction)
     answer_weight: float = 1.0
+    # r_proc; under codebook.render_unit=step the OCR decoder reads the generated span one step (c codes) at a
+    # time, which needs every step's c fixed: codebook.min_side = max_side (dlr_jax/rewards/process.py)
     process_weight: float = 0.25
     format_weight: float = 0.1
     scale_rewards: str = "group"  # group | batch | none (dlr_jax.stages.rl.grpo.group_advantages)
@@ -205,6 +247,8 @@ OVERLONG_MODES = ("keep", "mask", "soft_penalty")  # rl.overlong
 
 
 RENDER_VIEWS = ("cot", "results", "result_lines")  # codebook.render_view (dlr_jax/data/cot_view.py)
+RENDER_UNITS = ("chain", "step")  # codebook.render_unit (dlr_jax/text/steps.py)
+ENCODERS = ("deepencoder", "qwen3_vl")  # codebook.encoder (dlr_jax/models/codebook_model.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +281,20 @@ class CodebookConfig:
     # (each calculator step's result, "19 16 96"; the visual counterpart of latent.source=step_results)
     # | result_lines (the same, one result a line)
     render_view: str = "cot"
+    # what one canvas holds: chain (the whole CoT, the paper) | step (each step of `text.steps.split_steps` on its
+    # own canvas: the codebook trains and reads back single steps; export writes an example's latents as its
+    # steps' codes in order, with the codes per step in the latents file's "steps"). A short step renders on
+    # the min_side canvas, so min_side sets the codes of a short step (64 px: 1, 128 px: 4); min_side =
+    # max_side fixes the codes per step at (side / 64)^2 (a longer step is drawn smaller, codebook.overflow)
+    render_unit: str = "chain"
+    # the encoder: deepencoder (DeepEncoder V2, the paper's: SAM ViT + compressor + causal flow, sized by vit_*,
+    # neck_channels, compressor_mid, flow_*) | qwen3_vl (Qwen3-VL's vision tower, dlr_jax/models/qwen3_vl_encoder.py:
+    # each 64-px cell's 2 x 2 merged tokens concatenated and mapped to d_c, so N = (side / 64)^2 too; from scratch
+    # it is sized by vit_hidden, vit_layers, vit_heads, vit_mlp and image_size, patch 16, no flow)
+    encoder: str = "deepencoder"
+    # a Hugging Face qwen3_vl checkpoint directory: the qwen3_vl encoder's tower takes its vision_config and its
+    # model.visual.* weights (the LM half is init_from's business); "" = from scratch
+    encoder_from: str = ""
     # vision encoder (dlr_jax.models.vision.VisionConfig)
     image_size: int = 1024  # reference side of the position tables
     vit_hidden: int = 768
@@ -319,14 +377,55 @@ class CodebookConfig:
             object.__setattr__(self, key, check_dtype(getattr(self, key), f"codebook.{key}"))
         if self.render_view not in RENDER_VIEWS:
             raise ConfigError(f"codebook.render_view must be one of {'|'.join(RENDER_VIEWS)}, got {self.render_view!r}")
+        if self.render_unit not in RENDER_UNITS:
+            raise ConfigError(f"codebook.render_unit must be one of {'|'.join(RENDER_UNITS)}, got {self.render_unit!r}")
+        if self.encoder not in ENCODERS:
+            raise ConfigError(f"codebook.encoder must be one of {'|'.join(ENCODERS)}, got {self.encoder!r}")
+        if self.encoder_from and self.encoder != "qwen3_vl":
+            raise ConfigError(f"codebook.encoder_from={self.encoder_from!r} is a Qwen3-VL tower: it needs "
+                              f"codebook.encoder=qwen3_vl, not {self.encoder}")
+        if self.encoder != "deepencoder" and (self.init_from or self.pretrained):
+            raise ConfigError(f"codebook.encoder={self.encoder} with codebook.init_from / pretrained: the "
+                              "DeepSeek-OCR-2 checkpoint brings its own encoder (DeepEncoder V2)")
+
+
+EVAL_DECODINGS = ("dynamic", "constrained")
+ANSWER_FALLBACKS = ("off", "last_number")
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
+    """`python -m dlr_jax.evaluate` (dlr_jax/eval/evaluate.py). The defaults are our reading of the paper's
+    evaluation ([Eval]; the project's design summary of the paper: "greedy 'dynamic' decoding (the model emits
+    </latent> itself)"); the other readings stay as named options. configs/paper/gsm8k.yaml states each again."""
+
     benchmarks: tuple[str, ...] = ("synthetic",)
     seeds: int = 1
     batch_size: int = 64
     max_new_tokens: int = 64
     max_latents: int = 32  # cap for dynamic latent decoding
     limit: int = 0  # evaluate only the first N examples of each benchmark (0 = all)
+    # 0 = greedy: the paper names a temperature for its RL rollouts only (T = 1.0), and calls its evaluation
+    # greedy. > 0 samples, seed s with PRNG seed s (a spread over sampling, not over training seeds).
     temperature: float = 0.0
+    # dynamic (the paper's): the model opens and closes its latent span itself and may write text after it;
+    # only the max_latents cap (a guard against runaways) and --force-latents intervene. constrained (ours): a
+    # grammar forces <latent> first, only latents or </latent> inside the span, the answer span after it
+    # (every finished generation is format-valid); for cot/direct it masks latent ids and boundaries out.
+    decoding: str = "dynamic"
+    # Where the answer is read. off (the paper's: DLR is trained to answer in <answer> a </answer>): only the
+    # last <answer> span; a generation without one has no answer. last_number (the RL answer reward's rule,
+    # `rewards.extract_answer`): without a span, a \boxed{}, an "answer is" marker, else the last number;
+    # results count how often it fired (answer_fallback_fired). YAML's bare off (a boolean) is accepted.
+    answer_fallback: str | bool = "off"
+
+    def __post_init__(self) -> None:
+        if self.answer_fallback is False:
+            object.__setattr__(self, "answer_fallback", "off")
+        if self.decoding not in EVAL_DECODINGS:
+            raise ConfigError(f"eval.decoding must be one of {'|'.join(EVAL_DECODINGS)}, got {self.decoding!r}")
+        if self.answer_fallback not in ANSWER_FALLBACKS:
+            raise ConfigError(f"eval.answer_fallback must be one of {'|'.join(ANSWER_FALLBACKS)}, "
+                              f"got {self.answer_fallback!r}")
+        if self.temperature < 0:
+            raise ConfigError(f"eval.temperature must be >= 0 (0 = greedy), got {self.temperature}")

@@ -10,6 +10,10 @@ latent probe); a few numbers are what such an encoder can learn to read, so thes
 far visual latents get when they carry each step's result. The text CoT (CoT-SFT, the align stage's
 targets) is never changed by the view. Text outside `<<...>>` annotations is not rendered under
 `results` / `result_lines`; a CoT with no annotation at all is an error.
+
+`step_views` is what the codebook renders under `codebook.render_unit=step`: one text a canvas, each step of
+`text.steps.split_steps` under the view (under `results` / `result_lines`, the steps that hold a calculator
+step; the others show nothing and are left out).
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 import re
 
 from dlr_jax.config.stages import RENDER_VIEWS
+from dlr_jax.text.steps import split_steps
 
-__all__ = ["cot_view", "step_results"]
+__all__ = ["cot_view", "render_texts", "step_results", "step_views"]
 
 # the `c` of a calculator annotation <<a+b=c>> (GSM8K-Aug and the synthetic task write them)
 _STEP_RESULT = re.compile(r"=\s*([^<>=]+?)\s*>>")
@@ -43,3 +48,22 @@ def cot_view(cot: str, view: str, *, example_id: str | None = None) -> str:
         raise ValueError(f"codebook.render_view={view}: {who}CoT {cot[:80]!r} has no calculator step <<a+b=c>>; "
                          f"this view needs annotated CoTs (synthetic, gsm8k_aug)")
     return ("\n" if view == "result_lines" else " ").join(results)
+
+
+def step_views(cot: str, view: str, *, example_id: str | None = None) -> list[str]:
+    """The texts the codebook renders for `cot` one step a canvas (`codebook.render_unit=step`), in order: each
+    step of `split_steps(cot)` under `view`. Under `results` / `result_lines` a step without a calculator step is
+    left out, and a CoT without any is the same error as `cot_view`'s."""
+    steps = split_steps(cot)
+    if view == "cot":
+        return steps
+    shown = [cot_view(s, view) for s in steps if step_results(s)]
+    return shown or [cot_view(cot, view, example_id=example_id)]  # no step holds a result: cot_view's error
+
+
+def render_texts(cot: str, view: str, unit: str, *, example_id: str | None = None) -> list[str]:
+    """What the codebook renders for `cot`, one text a canvas: `[cot_view(...)]` (`codebook.render_unit=chain`,
+    the paper) or `step_views(...)` (`step`; a blank CoT is one blank canvas, as a chain's is)."""
+    if unit == "step" and cot.strip():
+        return step_views(cot, view, example_id=example_id)
+    return [cot_view(cot, view, example_id=example_id)]

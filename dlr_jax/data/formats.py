@@ -7,6 +7,9 @@ Notation (the paper's): x = prompt, y = textual CoT, z = latent ids, a = answer 
     textsft/dir  [x ; <answer> enc(a) </answer> <eos>]                       loss after x
     align        [<bos>] [z ; enc(y) <eos>]                                  loss on every position >= 1
     sft          [x ; <latent> z </latent> <answer> enc(a) </answer> <eos>]  loss after x
+    sft mixed    [x ; <latent> z_1..z_k </latent> enc(y_k+1..S) <answer> enc(a) </answer> <eos>]
+                 loss after x; the latent curriculum (`data.curriculum`): the codes of the first k of the
+                 CoT's S steps, then the text of the rest (k = 0: an empty span, then y; k = S: sft)
 
 Choices that evaluation and RL rely on (change them only together with the consumers):
 
@@ -95,6 +98,17 @@ def sft_sequence(tok: Tokenizer, question: str, latents: Seq[int], answer: str) 
     x = prompt_ids(tok, question)
     z = [tok.latent_start_id, *tok.latent_ids(latents), tok.latent_end_id]
     return _seq(x, z + answer_ids(tok, answer))
+
+
+def mixed_sequence(tok: Tokenizer, question: str, latents: Seq[int], text: str, answer: str) -> Sequence:
+    """The latent curriculum's row: [x ; <latent> z </latent> enc(text) <answer> a </answer> <eos>], loss after x.
+
+    latents: the codes of the first k steps (may be empty: the span is still opened and closed, so the
+    format reward and `parse_generation` read every row alike); text: the CoT's remaining steps, right
+    after `</latent>` (empty: exactly `sft_sequence`)."""
+    x = prompt_ids(tok, question)
+    z = [tok.latent_start_id, *tok.latent_ids(latents), tok.latent_end_id]
+    return _seq(x, z + (tok.encode(text) if text else []) + answer_ids(tok, answer))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,11 @@ vocabulary changes. `n == len(latents)`. The record fields (question ... extra) 
 read; when present, the table also carries the examples, so the align / sft stages can train from
 the latents file alone.
 
+A codebook that renders one step a canvas (`codebook.render_unit=step`) writes each example's latents as
+its steps' codes in order and adds `"steps": [c_1, c_2, ...]`, the codes of each step (sum == n), in the
+order of `text.steps.split_steps(cot)` (under a results view, of its steps that hold a calculator step).
+Without the field an example is one step of n codes: `LatentTable.step_counts(id)` reads either.
+
 `random_latents` is a stand-in for tests and for running align / sft before a codebook exists:
 each example gets a deterministic pseudo-random id sequence. It carries no information about the
 CoT, so a model trained on it learns nothing about reasoning from the latents.
@@ -34,6 +39,8 @@ import numpy as np
 from dlr_jax.core.files import atomic_path
 from dlr_jax.data.cot_view import step_results
 from dlr_jax.data.records import DataFormatError, Example, iter_jsonl, require
+from dlr_jax.text.render import PATCH
+from dlr_jax.text.steps import split_steps
 
 LATENTS_DIR = "latents"
 RECORD_FIELDS = ("question", "cot", "answer", "source", "extra")
@@ -48,6 +55,8 @@ class LatentTable(Mapping[str, tuple[int, ...]]):
     """Example id -> latent code indices (a read-only mapping), plus the examples when known.
 
     num_codes: K when known; every code is checked to lie in [0, K).
+    steps: example id -> codes of each of its steps (positive, summing to its n); an id not in it is one
+    step of all its codes.
     """
 
     def __init__(
@@ -56,10 +65,16 @@ class LatentTable(Mapping[str, tuple[int, ...]]):
         *,
         examples: Mapping[str, Example] | None = None,
         num_codes: int | None = None,
+        steps: Mapping[str, Sequence[int]] | None = None,
     ) -> None:
         self._latents = {str(k): tuple(int(c) for c in v) for k, v in latents.items()}
         self._examples = dict(examples or {})
         self.num_codes = num_codes
+        self._steps = {str(k): tuple(int(c) for c in v) for k, v in (steps or {}).items()}
+        for k, v in self._steps.items():
+            problem = step_count_problem(v, len(self._latents[k]) if k in self._latents else None)
+            if problem:
+                raise ValueError(f"example {k!r}: {problem}")
         if num_codes is not None:
             for k, v in self._latents.items():
                 bad = [c for c in v if not 0 <= c < num_codes]
@@ -80,6 +95,11 @@ class LatentTable(Mapping[str, tuple[int, ...]]):
 
     def __len__(self) -> int:
         return len(self._latents)
+
+    def step_counts(self, key: str) -> tuple[int, ...]:
+        """The codes of each step of `key`'s latents, in order (sum == n); `(n,)` when the file recorded no steps
+        (a codebook that renders whole chains: one step)."""
+        return self._steps.get(key) or (len(self[key]),)
 
     def example(self, key: str) -> Example:
         """The source record stored with `key` (KeyError when the file had none)."""
@@ -105,18 +125,38 @@ class LatentTable(Mapping[str, tuple[int, ...]]):
         return f"LatentTable({len(self)} ids, num_codes={self.num_codes}{span})"
 
 
+def step_count_problem(counts: Sequence[int], n: int | None) -> str | None:
+    """What is wrong with `counts` as the codes per step of n latents (None when nothing is; n None: an example
+    that has no latents)."""
+    if n is None:
+        return "step counts for an example without latents"
+    if not counts or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in counts):
+        return f"'steps' should be a non-empty list of positive ints, got {list(counts)!r:.80}"
+    if sum(counts) != n:
+        return f"'steps' {list(counts)!r:.80} sum to {sum(counts)} but 'latents' has {n} codes"
+    return None
+
+
 def write_latents(
     path: str | os.PathLike,
     examples: Iterable[Example],
     latents: Mapping[str, Sequence[int]],
+    steps: Mapping[str, Sequence[int]] | None = None,
 ) -> Path:
-    """Writes one line per example (in the given order): id, latents, n and the record fields."""
+    """Writes one line per example (in the given order): id, latents, n, steps (the codes of each step, when
+    `steps` has the id) and the record fields."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(p) as tmp, open(tmp, "w", encoding="utf-8") as f:  # a crash leaves no half file
         for ex in examples:
             codes = [int(c) for c in latents[ex.id]]
             rec: dict[str, Any] = {"id": ex.id, "latents": codes, "n": len(codes)}
+            if steps is not None and ex.id in steps:
+                counts = [int(c) for c in steps[ex.id]]
+                problem = step_count_problem(counts, len(codes))
+                if problem:
+                    raise ValueError(f"example {ex.id!r}: {problem}")
+                rec["steps"] = counts
             rec |= {k: v for k, v in ex.to_dict().items() if k != "id"}
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     return p
@@ -131,6 +171,7 @@ def read_latents(path: str | os.PathLike, *, num_codes: int | None = None) -> La
         raise FileNotFoundError(f"{p} does not exist (written by the export stage, or use random_latents)")
     latents: dict[str, tuple[int, ...]] = {}
     examples: dict[str, Example] = {}
+    steps: dict[str, list[int]] = {}
     first_line: dict[str, int] = {}
     for lineno, obj in iter_jsonl(p, raw_floats=False):
         key = require(obj, "id", str, p, line=lineno)
@@ -146,6 +187,13 @@ def read_latents(path: str | os.PathLike, *, num_codes: int | None = None) -> La
             raise DataFormatError(p, f"latent codes {bad[:5]} outside [0, num_codes={num_codes})", line=lineno)
         if "n" in obj and obj["n"] != len(codes):
             raise DataFormatError(p, f"'n' is {obj['n']!r} but 'latents' has {len(codes)} codes", line=lineno)
+        if "steps" in obj:
+            counts = obj["steps"]
+            problem = step_count_problem(counts if isinstance(counts, list) else [], len(codes))
+            if problem:
+                raise DataFormatError(p, problem if isinstance(counts, list) else
+                                      f"field 'steps' should be a list of ints, got {counts!r:.80}", line=lineno)
+            steps[key] = counts
         if "question" in obj:
             for field in ("question", "answer"):
                 require(obj, field, str, p, line=lineno)
@@ -154,7 +202,7 @@ def read_latents(path: str | os.PathLike, *, num_codes: int | None = None) -> La
             examples[key] = Example.from_dict(obj)
         latents[key] = tuple(codes)
         first_line[key] = lineno
-    return LatentTable(latents, examples=examples, num_codes=num_codes)
+    return LatentTable(latents, examples=examples, num_codes=num_codes, steps=steps)
 
 
 def default_num_latents(example: Example, *, short_chars: int = 40) -> int:
@@ -209,10 +257,16 @@ def step_result_code(value: str, num_codes: int) -> int:
 def step_result_latents(examples: Iterable[Example], num_codes: int) -> LatentTable:
     """example id -> one code per `<<...=c>>` step of its CoT, holding c (`step_result_code`). CoTs
     need calculator annotations (synthetic, GSM8K-Aug): a CoT without any is an error, not a code for its
-    answer, which would hand the answer to the model. See the module docstring: a control."""
+    answer, which would hand the answer to the model. See the module docstring: a control.
+
+    Each code is its own step (`step_counts` (1,) * n) where the CoT's text steps (`split_steps`) are its n
+    calculator steps one to one, as an equations chain's are, so the latent curriculum sees S = n steps; a natural
+    chain (sentences, some without a calculator step) stays one step of n codes, as code i would otherwise be
+    paired with a sentence that does not hold result i."""
     if num_codes < 1:
         raise ValueError(f"num_codes must be >= 1, got {num_codes}")
     latents: dict[str, list[int]] = {}
+    steps: dict[str, tuple[int, ...]] = {}
     examples_by_id: dict[str, Example] = {}
     for ex in examples:
         results = step_results(ex.cot)
@@ -220,5 +274,26 @@ def step_result_latents(examples: Iterable[Example], num_codes: int) -> LatentTa
             raise ValueError(f"latent.source=step_results: example {ex.id!r} has no calculator step <<a+b=c>> in its "
                              f"CoT {ex.cot[:80]!r}; this control needs annotated CoTs (synthetic, gsm8k_aug)")
         latents[ex.id] = [step_result_code(r, num_codes) for r in results]
+        text_steps = split_steps(ex.cot)
+        if len(text_steps) == len(results) and all(len(step_results(s)) == 1 for s in text_steps):
+            steps[ex.id] = (1,) * len(results)
         examples_by_id[ex.id] = ex
-    return LatentTable(latents, examples=examples_by_id, num_codes=num_codes)
+    return LatentTable(latents, examples=examples_by_id, num_codes=num_codes, steps=steps)
+
+
+def fixed_step_codes(cb: Any) -> int | None:
+    """The codes every step's canvas gives when a codebook renders one step a canvas (`codebook.render_unit=step`):
+    (side / 64)^2 when codebook.min_side = max_side fixes the canvas, else None (a step's codes then depend on
+    its text, which a generated run of codes does not carry, so it cannot be cut into steps). `cb`: a
+    `CodebookConfig`."""
+    if cb.min_side != cb.max_side:
+        return None
+    return (cb.min_side // PATCH) ** 2
+
+
+def cut_steps(codes: Sequence[int], per_step: int) -> list[list[int]]:
+    """`codes` cut into groups of `per_step` codes, in order (the last one shorter when the run is not a whole
+    number of steps): a generated latent span as the steps a fixed-canvas step codebook would have encoded."""
+    if per_step < 1:
+        raise ValueError(f"per_step must be >= 1, got {per_step}")
+    return [[int(c) for c in codes[i:i + per_step]] for i in range(0, len(codes), per_step)]

@@ -1,7 +1,8 @@
 """grain pipelines that turn `Example`s into training batches for the textsft / align / sft stages.
 
     examples --length filter (counted)--> MapDataset.source -->
-    .shuffle(seed) --> .repeat(num_epochs) (reshuffled every epoch) --> this process's rows of
+    .shuffle(seed) --> .repeat(num_epochs) (reshuffled every epoch) --> (sft's latent curriculum: each
+    element's k from its stream position, `data.curriculum`) --> this process's rows of
     each global batch (`ProcessSlice`) --> .map(tokenise, formats.py)
     --> pad to max_len and .batch()                      (pack=False)
      or .to_iter_dataset() --> FirstFitPackIterDataset --> .batch()   (pack=True)
@@ -22,6 +23,12 @@ Stage sft's dual branch (`ocr_text_len > 0`, unpacked only) adds, per row (one e
     ocr_codes      [b, N] the example's latent code indices, left-padded with 0 to N = the most
                    codes any (length-filtered) example has, so every batch and process has one shape
     ocr_code_mask  [b, N] 1 on the real codes (the right end), 0 on the padding
+
+Under a codebook that rendered one step a canvas (`ocr_unit="step"`, `codebook.render_unit=step`) the decoder
+was trained to read one step's codes back as that step's text, so a row's target is one latent step j
+(`curriculum.ocr_step`: drawn per example and epoch over the row's k latent steps, all of them without a
+curriculum): ocr_codes are step j's codes, ocr_targets its `cot_view.step_views` text, and N the most codes
+any step has.
 
 `batch_size` is the number of rows this iterator yields: the per-process batch. One data order for
 any topology: every process builds the same *global* stream (the length-filtered examples shuffled
@@ -60,7 +67,8 @@ from grain.experimental import FirstFitPackIterDataset
 
 from dlr_jax.config import ConfigError
 from dlr_jax.data import formats
-from dlr_jax.data.cot_view import cot_view
+from dlr_jax.data.cot_view import cot_view, render_texts
+from dlr_jax.data.curriculum import Curriculum, latent_codes, ocr_step, split_cot, step_counts
 from dlr_jax.data.packing import PackStats, pack_stats
 from dlr_jax.data.records import Example
 from dlr_jax.text.ocr_text import encode_target
@@ -77,10 +85,18 @@ _PACK_READ_AHEAD = 64  # sequences tokenised ahead of the packer
 
 
 class Item(NamedTuple):
-    """One source element: the example and its latent codes (empty for textsft)."""
+    """One source element: the example and its latent codes (empty for textsft).
+
+    With a latent curriculum (`data.curriculum`, stage sft): steps, the codes of each of the latent span's steps
+    (`LatentTable.step_counts`); k, how many of them this row writes as latents (the rest as text), set per stream
+    position by the schedule. k None: the whole span is latent (the paper's row). ocr_step: under a step codebook's
+    dual branch, the latent step the row's OCR target reads (`_assign_ocr_step`)."""
 
     example: Example
     codes: tuple[int, ...]
+    steps: tuple[int, ...] = ()
+    k: int | None = None
+    ocr_step: int | None = None
 
 
 def _check_stage(stage: str, latents: Latents | None) -> None:
@@ -101,13 +117,20 @@ def build_sequence(stage: str, tok: Tokenizer, item: Item, mode: str = "cot") ->
     if stage == "align":
         return formats.align_sequence(tok, item.codes, ex.cot)
     if stage == "sft":
-        return formats.sft_sequence(tok, ex.question, item.codes, ex.answer)
+        if item.k is None:
+            return formats.sft_sequence(tok, ex.question, item.codes, ex.answer)
+        _, text = split_cot(ex.cot, len(item.steps), item.k, example_id=ex.id)
+        return formats.mixed_sequence(tok, ex.question, latent_codes(item.codes, item.steps, item.k), text, ex.answer)
     raise ValueError(f"unknown stage {stage!r}; data pipelines exist for {STAGES}")
 
 
-def make_items(stage: str, examples: Iterable[Example], latents: Latents | None = None) -> list[Item]:
-    """Pairs each example with its latent codes; raises naming the ids that have none."""
+def make_items(stage: str, examples: Iterable[Example], latents: Latents | None = None,
+               curriculum: Curriculum | None = None) -> list[Item]:
+    """Pairs each example with its latent codes (and, with a curriculum, their codes per step); raises naming the
+    ids that have none."""
     _check_stage(stage, latents)
+    if curriculum is not None and stage != "sft":
+        raise ValueError(f"the latent curriculum is stage sft's, not {stage!r}'s")
     examples = list(examples)
     if stage == "textsft":
         return [Item(ex, ()) for ex in examples]
@@ -118,6 +141,8 @@ def make_items(stage: str, examples: Iterable[Example], latents: Latents | None 
             f"{len(missing)} of {len(examples)} examples have no latents (first ids: {missing[:5]}); "
             "export latents for this split or pass the matching latents file"
         )
+    if curriculum is not None:
+        return [Item(ex, tuple(latents[ex.id]), step_counts(latents, ex.id)) for ex in examples]
     return [Item(ex, tuple(latents[ex.id])) for ex in examples]
 
 
@@ -130,15 +155,17 @@ def filter_by_length(
     latents: Latents | None = None,
     mode: str = "cot",
     vocab_size: int | None = None,
+    curriculum: Curriculum | None = None,
 ) -> tuple[list[Example], int]:
     """(examples whose sequence fits in max_len tokens, number dropped); the count is logged as
     "dropped N of M examples longer than max_len=..." so no example disappears silently.
 
     vocab_size: rows of the model's embedding table; any token id outside [0, vocab_size) raises
     `TokenRangeError` naming the example, the id and the table size (before any step runs: JAX's
-    gathers return NaN for such ids instead of failing)."""
+    gathers return NaN for such ids instead of failing). curriculum: stage sft's latent curriculum; an example
+    fits when its longest row over every k the schedule can give it does."""
     kept, _, dropped = fitting_items(stage, examples, tok, max_len=max_len, latents=latents, mode=mode,
-                                     vocab_size=vocab_size)
+                                     vocab_size=vocab_size, curriculum=curriculum)
     return [it.example for it in kept], dropped
 
 
@@ -151,18 +178,24 @@ def fitting_items(
     latents: Latents | None = None,
     mode: str = "cot",
     vocab_size: int | None = None,
+    curriculum: Curriculum | None = None,
 ) -> tuple[list[Item], list[int], int]:
     """`filter_by_length` as (the kept items, their sequence lengths, number dropped): the lengths come with
-    the check, which tokenises every example anyway, and size the packed epoch (`data.packing`)."""
-    items = make_items(stage, examples, latents)
+    the check, which tokenises every example anyway, and size the packed epoch (`data.packing`). With a
+    curriculum, an item's length is its longest variant's (so a packed epoch is counted on the long side)."""
+    items = make_items(stage, examples, latents, curriculum)
     kept, lengths = [], []
     for it in items:
-        seq = build_sequence(stage, tok, it, mode)
-        if vocab_size is not None:
-            check_token_range(seq.tokens, vocab_size, where=f"{stage} example {it.example.id!r}")
-        if len(seq) <= max_len:
+        variants = [it] if curriculum is None else [it._replace(k=k) for k in curriculum.k_range(len(it.steps))]
+        n = 0
+        for v in variants:
+            seq = build_sequence(stage, tok, v, mode)
+            if vocab_size is not None:
+                check_token_range(seq.tokens, vocab_size, where=f"{stage} example {it.example.id!r}")
+            n = max(n, len(seq))
+        if n <= max_len:
             kept.append(it)
-            lengths.append(len(seq))
+            lengths.append(n)
     dropped = len(items) - len(kept)
     msg = "%s: dropped %d of %d examples longer than max_len=%d"
     (log.warning if dropped else log.info)(msg, stage, dropped, len(items), max_len)
@@ -187,29 +220,87 @@ def check_token_range(tokens: np.ndarray, vocab_size: int, *, where: str) -> Non
 
 
 def _tokenise(
-    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int, str, Any] | None = None
+    item: Item, *, stage: str, tok: Tokenizer, mode: str, ocr: tuple[int, int, str, Any, str] | None = None
 ) -> dict[str, np.ndarray]:
     seq = build_sequence(stage, tok, item, mode)
     out = {"tokens": seq.tokens, "loss_mask": seq.loss_mask.astype(np.int32)}
     if ocr is not None:
-        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1], view=ocr[2], encode=ocr[3])
+        out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1], view=ocr[2], encode=ocr[3], unit=ocr[4])
     return out
 
 
 def ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str = "cot",
-               encode: Any = None) -> dict[str, np.ndarray]:
+               encode: Any = None, unit: str = "chain") -> dict[str, np.ndarray]:
     """One row's `OCR_KEYS` (see the module docstring): targets (the CoT as the codebook rendered it,
     `cot_view`, encoded by `encode(text, text_len) -> (ids, cut)`, default `encode_target`), codes
-    left-padded to num_codes, mask."""
-    n = len(item.codes)
+    left-padded to num_codes, mask. unit: `codebook.render_unit`; under `step` the target is the latent step
+    `item.ocr_step` alone (`_step_ocr_fields`)."""
+    if unit == "step":
+        return _step_ocr_fields(item, text_len=text_len, num_codes=num_codes, view=view, encode=encode)
+    latent, cot = item.codes, item.example.cot
+    if item.k:  # latent curriculum: the decoder reads back the k latent steps only
+        latent = latent_codes(item.codes, item.steps, item.k)
+        cot, _ = split_cot(cot, len(item.steps), item.k, example_id=item.example.id)
+    n = len(latent)
     if n > num_codes:
         raise ValueError(f"example {item.example.id!r} has {n} latent codes, more than num_codes={num_codes}")
     codes = np.zeros(num_codes, np.int32)
     mask = np.zeros(num_codes, np.int32)
-    codes[num_codes - n :] = item.codes
+    codes[num_codes - n :] = latent
     mask[num_codes - n :] = 1
-    target = cot_view(item.example.cot, view, example_id=item.example.id)
-    return {"ocr_targets": (encode or encode_target)(target, text_len)[0], "ocr_codes": codes, "ocr_code_mask": mask}
+    target = cot_view(cot, view, example_id=item.example.id)
+    encode = encode or encode_target
+    targets = encode(target, text_len)[0]
+    if item.k == 0 and text_len > 1:
+        # No latent step, nothing to read back: every target is the encoder's padding (its last entry for an
+        # empty text), which the OCR losses weigh 0. The codes stay the whole span's, so no row attends to nothing.
+        targets = np.full_like(targets, encode("", text_len)[0][-1])
+    return {"ocr_targets": targets, "ocr_codes": codes, "ocr_code_mask": mask}
+
+
+def step_texts(item: Item, view: str) -> list[str]:
+    """The texts of `item`'s latent steps as a step codebook rendered them (`render_texts` under `step`), one per
+    step of its span; raises when the span's steps and the CoT's do not pair up."""
+    texts = render_texts(item.example.cot, view, "step", example_id=item.example.id)
+    steps = item.steps or (len(item.codes),)
+    if len(texts) != len(steps):
+        raise ValueError(
+            f"example {item.example.id!r}: its latent span has {len(steps)} steps but the codebook renders "
+            f"{len(texts)} (cot_view.step_views under codebook.render_view={view}); the dual branch reads one step's "
+            "codes back as that step's text, so the latents must be exported under codebook.render_unit=step")
+    return texts
+
+
+def _step_ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str, encode: Any) -> dict[str, np.ndarray]:
+    # One latent step's codes -> that step's text, what a step codebook's decoder was trained on.
+    steps = item.steps or (len(item.codes),)
+    k = len(steps) if item.k is None else item.k
+    texts = step_texts(item, view)
+    encode = encode or encode_target
+    if k and item.ocr_step is None:
+        raise ValueError(f"example {item.example.id!r}: no latent step drawn for its OCR target (_assign_ocr_step)")
+    j = item.ocr_step if k else 0
+    if not 0 <= j < max(k, 1):
+        raise ValueError(f"example {item.example.id!r}: OCR step {j} is not one of its {k} latent steps")
+    start = sum(steps[:j])
+    codes, mask = _left_pad(item.codes[start:start + steps[j]], num_codes, item.example.id)
+    targets = encode(texts[j], text_len)[0]
+    if not k and text_len > 1:
+        # No latent step, nothing to read back: every target is the padding (weighed 0); step 0's codes keep
+        # the row from attending to nothing.
+        targets = np.full_like(targets, encode("", text_len)[0][-1])
+    return {"ocr_targets": targets, "ocr_codes": codes, "ocr_code_mask": mask}
+
+
+def _left_pad(latent: Sequence[int], num_codes: int, example_id: str) -> tuple[np.ndarray, np.ndarray]:
+    n = len(latent)
+    if n > num_codes:
+        raise ValueError(f"example {example_id!r} has {n} latent codes, more than num_codes={num_codes}")
+    codes = np.zeros(num_codes, np.int32)
+    mask = np.zeros(num_codes, np.int32)
+    codes[num_codes - n :] = latent
+    mask[num_codes - n :] = 1
+    return codes, mask
 
 
 def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -228,6 +319,20 @@ def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[st
     out["positions"][:n] = np.arange(n, dtype=np.int32)
     out |= {k: seq[k] for k in OCR_KEYS if k in seq}  # per example already, nothing to pad
     return out
+
+
+def _assign_k(position: int, item: Item, *, curriculum: Curriculum, epoch_size: int) -> Item:
+    """The curriculum's k for the item at global stream position `position` (all epochs, all processes' rows)."""
+    k = curriculum.latent_steps(position, item.example.id, len(item.steps), epoch_size=epoch_size)
+    return item._replace(k=k)
+
+
+def _assign_ocr_step(position: int, item: Item, *, seed: int, epoch_size: int) -> Item:
+    """The latent step of the item at global stream position `position` that its dual-branch row reads back (after
+    the curriculum's k: one of the first k steps)."""
+    k = len(item.steps) if item.k is None else item.k
+    j = ocr_step(seed, item.example.id, position // max(epoch_size, 1), k)
+    return item._replace(ocr_step=j)
 
 
 def _rename_packed(row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -261,6 +366,8 @@ def make_stage_dataset(
     ocr_view: str = "cot",
     ocr_encode: Any = None,
     vocab_size: int | None = None,
+    curriculum: Curriculum | None = None,
+    ocr_unit: str = "chain",
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
@@ -276,7 +383,11 @@ def make_stage_dataset(
     (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False. ocr_view: what of each CoT
     the OCR targets hold (`codebook.render_view`, `cot_view`). ocr_encode: `(text, length) -> (ids [length],
     cut)`, a picklable top-level callable; None = `ocr_text.encode_target` (characters). vocab_size: the model's
-    embedding rows; every example's ids are checked against it up front (`check_token_range`).
+    embedding rows; every example's ids are checked against it up front (`check_token_range`). ocr_unit:
+    `codebook.render_unit`; `step` makes each row's OCR target one latent step (see the module docstring).
+    curriculum: stage sft's latent curriculum (`data.curriculum`): each element's k is set from its position in the
+    global stream; a stagewise one needs the schedule's length before the first batch
+    (`StageData.schedule_curriculum`).
     """
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
@@ -285,7 +396,8 @@ def make_stage_dataset(
     if not 0 <= shard_index < shard_count:
         raise ValueError(f"need 0 <= shard_index < shard_count, got {shard_index}, {shard_count}")
     items, lengths, _ = fitting_items(
-        stage, examples, tok, max_len=max_len, latents=latents, mode=mode, vocab_size=vocab_size
+        stage, examples, tok, max_len=max_len, latents=latents, mode=mode, vocab_size=vocab_size,
+        curriculum=curriculum,
     )
     ocr = None
     if ocr_text_len > 0:
@@ -296,44 +408,65 @@ def make_stage_dataset(
             )
         # Over every kept example, before sharding: the same N on every process and every batch.
         encode = ocr_encode or encode_target
-        ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]), ocr_view, encode)
-        cut = sum(encode(cot_view(it.example.cot, ocr_view, example_id=it.example.id), ocr_text_len)[1]
-                  for it in items)
         unit = "characters" if ocr_encode is None else "tokens"
-        (log.warning if cut else log.info)(
-            "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d %s; their OCR "
-            "targets are cut", cut, len(items), ocr_text_len - 1, unit)
+        if ocr_unit == "step":
+            items = [it if it.steps else it._replace(steps=step_counts(latents or {}, it.example.id)) for it in items]
+            texts = [t for it in items for t in step_texts(it, ocr_view)]  # every span pairs with its CoT's steps
+            ocr = (ocr_text_len, max([1, *(c for it in items for c in it.steps)]), ocr_view, encode, ocr_unit)
+            cut = sum(encode(t, ocr_text_len)[1] for t in texts)
+            (log.warning if cut else log.info)(
+                "sft dual branch (one step a row): %d of %d CoT steps are longer than ocr_text_len - 1 = %d %s; "
+                "their OCR targets are cut", cut, len(texts), ocr_text_len - 1, unit)
+        elif ocr_unit == "chain":
+            ocr = (ocr_text_len, max([1, *(len(it.codes) for it in items)]), ocr_view, encode, ocr_unit)
+            cut = sum(encode(cot_view(it.example.cot, ocr_view, example_id=it.example.id), ocr_text_len)[1]
+                      for it in items)
+            (log.warning if cut else log.info)(
+                "sft dual branch: %d of %d CoTs are longer than ocr_text_len - 1 = %d %s; their OCR "
+                "targets are cut", cut, len(items), ocr_text_len - 1, unit)
+        else:
+            raise ValueError(f"ocr_unit must be chain or step (codebook.render_unit), got {ocr_unit!r}")
     if len(items) < shard_count:
         fit = f"{len(items)} examples fit max_len={max_len}"
         raise ValueError(f"shard {shard_index}/{shard_count} is empty: {fit}")
-    ds = grain.MapDataset.source(items).shuffle(seed=seed).repeat(num_epochs)
-    ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
-    ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
-    if pack:
-        it = FirstFitPackIterDataset(
-            ds.to_iter_dataset(read_options(num_threads, _PACK_READ_AHEAD)),
-            length_struct={"tokens": max_len, "loss_mask": max_len},
-            num_packing_bins=num_packing_bins or batch_size,
-            seed=seed,
-            meta_features=("loss_mask",),
-            padding_struct={"tokens": tok.pad_id, "loss_mask": 0},
-        )
-        it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
-        # Each process packs its own slice with its own bins; replayed here on the global stream with as many
-        # bins a process has, which counts the rows of every process together closely enough for a schedule.
-        stats = pack_stats(lengths, max_len, num_packing_bins or batch_size, seed)
-        return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count, packed=True,
-                         examples=len(items), pack=stats)
-    ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
-    batches = ds.batch(batch_size, drop_remainder=drop_remainder)
 
-    def from_batch(start: int) -> Any:
-        # Resuming = reading the same (global-order) batch dataset from global batch `start` on.
-        tail = batches[start:] if start else batches
-        return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
+    def assemble(cur: Curriculum | None) -> StageData:
+        # A closure, so that StageData.schedule_curriculum can rebuild the stream once the stage knows its length.
+        ds = grain.MapDataset.source(items).shuffle(seed=seed).repeat(num_epochs)
+        if cur is not None:  # before the process slice: k follows the global position, whatever the process count
+            ds = ds.map_with_index(functools.partial(_assign_k, curriculum=cur, epoch_size=len(items)))
+        if ocr is not None and ocr_unit == "step":  # after k: the drawn step is one of the row's latent steps
+            ds = ds.map_with_index(functools.partial(_assign_ocr_step, seed=seed, epoch_size=len(items)))
+        ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
+        ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
+        if pack:
+            it = FirstFitPackIterDataset(
+                ds.to_iter_dataset(read_options(num_threads, _PACK_READ_AHEAD)),
+                length_struct={"tokens": max_len, "loss_mask": max_len},
+                num_packing_bins=num_packing_bins or batch_size,
+                seed=seed,
+                meta_features=("loss_mask",),
+                padding_struct={"tokens": tok.pad_id, "loss_mask": 0},
+            )
+            it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
+            # Each process packs its own slice with its own bins; replayed here on the global stream with as many
+            # bins a process has, which counts the rows of every process together closely enough for a schedule.
+            stats = pack_stats(lengths, max_len, num_packing_bins or batch_size, seed)
+            return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count,
+                             packed=True, examples=len(items), pack=stats, curriculum=cur, rebuild=assemble)
+        ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
+        batches = ds.batch(batch_size, drop_remainder=drop_remainder)
 
-    return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items),
-                     pack=PackStats(len(items), int(sum(lengths)), max_len, rows=len(items)))
+        def from_batch(start: int) -> Any:
+            # Resuming = reading the same (global-order) batch dataset from global batch `start` on.
+            tail = batches[start:] if start else batches
+            return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
+
+        return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items),
+                         pack=PackStats(len(items), int(sum(lengths)), max_len, rows=len(items)), curriculum=cur,
+                         rebuild=assemble)
+
+    return assemble(curriculum)
 
 
 def _prefetch(it: grain.IterDataset, num_workers: int) -> grain.IterDataset:
@@ -375,11 +508,20 @@ class StageData:
     """What `make_stage_dataset` returns: iterable (a fresh iterator from the start each time)."""
 
     def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int,
-                 pack: PackStats | None = None):
+                 pack: PackStats | None = None, curriculum: Curriculum | None = None, rebuild: Any = None):
         """examples: how many examples fit max_len (what an epoch holds). pack: the epoch in rows (`data.packing`;
-        one example a row unpacked)."""
+        one example a row unpacked). curriculum: the latent curriculum the stream follows; rebuild(curriculum) makes
+        the same data with another (`schedule_curriculum`)."""
         self._make, self.global_batch, self.shard_count, self.packed = make, global_batch, shard_count, packed
         self.examples, self.pack = examples, pack
+        self.curriculum, self._rebuild = curriculum, rebuild
+
+    def schedule_curriculum(self, num_steps: int) -> StageData:
+        """This data with its latent curriculum told the stage's length, `num_steps` optimizer steps of
+        `examples_per_step` examples (a stagewise curriculum needs it before the first batch; else a no-op)."""
+        if self.curriculum is None or self.curriculum.mode != "stagewise":
+            return self
+        return self._rebuild(self.curriculum.with_schedule(num_steps, self.examples_per_step))
 
     @property
     def examples_per_step(self) -> float:
@@ -387,6 +529,9 @@ class StageData:
         return self.global_batch * (self.pack.examples_per_row if self.packed and self.pack else 1.0)
 
     def __iter__(self) -> StageIterator:
+        if self.curriculum is not None and not self.curriculum.scheduled:
+            raise ValueError("a stagewise latent curriculum needs the stage's length before the first batch: "
+                             "data = data.schedule_curriculum(num_steps)")
         return StageIterator(self)
 
 

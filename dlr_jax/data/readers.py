@@ -108,6 +108,9 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
         BenchmarkSpec("mathx_5m", "mathx_5m", {"train": "data"}, {}, read_mathx, folder=True),
     )
 }
+# (benchmark, split) -> the split read in its place when its file is missing: GSM8K-Aug's full train set
+# (385,620 lines) is a separate download; the 3,000-line subset ships with the benchmark's folder
+STAND_INS: Mapping[tuple[str, str], str] = {("gsm8k_aug", "train"): "train_subset_3000"}
 SYNTHETIC = "synthetic"
 # SYNTHETIC_VARIANTS: generated, evaluation-only variants of it (GSM-Hard's and SVAMP's analogues).
 SYNTHETIC_VARIANTS = synthetic_variants.VARIANTS
@@ -130,8 +133,8 @@ def benchmark_file(name: str, split: str | None = None, path: str | Path | None 
         return Path(path)
     folder = Path(path) if path is not None else shared_data_dir() / spec.subdir
     f = folder / spec.files[split]
-    if name == "gsm8k_aug" and split == "train" and not f.exists():
-        subset = folder / spec.files["train_subset_3000"]
+    if (name, split) in STAND_INS and not f.exists():
+        subset = folder / spec.files[STAND_INS[name, split]]
         if subset.exists():
             warnings.warn(
                 f"{f} not found (the full GSM8K-Aug train set is 385,620 lines; get it with "
@@ -166,9 +169,21 @@ def load_benchmark(
             f"get it with `python -m dlr_jax.data.download {name} --to DIR` "
             "and set $DLR_DATA_DIR=DIR (or pass `--data-dir DIR` to evaluate, `path=` in Python)"
         )
-    if f.name == spec.files.get("train_subset_3000") and split == "train":
-        split = "train_subset_3000"  # ids say what was actually read
+    stand_in = STAND_INS.get((name, split))
+    if stand_in is not None and f.name == spec.files[stand_in]:
+        split = stand_in  # ids say what was actually read (stand_in_read)
     return _checked(spec.read(f, split=split, **options), name, f)
+
+
+def stand_in_read(name: str, split: str, examples: Iterable[Example]) -> str | None:
+    """The split that `load_benchmark(name, split=split)` read in place of `split` (STAND_INS: GSM8K-Aug's
+    3,000-line subset when the full train set is missing), as the examples' ids name it; None when the
+    examples are `split`'s own."""
+    stand_in = STAND_INS.get((name, split))
+    ids = [ex.id for ex in examples]
+    if stand_in is None or not ids or not all(i.startswith(f"{name}/{stand_in}/") for i in ids):
+        return None
+    return stand_in
 
 
 def _check_not_a_directory(f: Path, name: str, split: str) -> None:

@@ -1,16 +1,17 @@
-"""The examples a config names: `load_examples(cfg, split)` (the data section's dataset) and
-`corpus(cfg)` / `corpus_texts(cfg)` (the codebook stage's CoT corpus: a mixture of sources, each whole or a
-stratified sample, "name:split@N"). Shared by the stages, evaluation and the
-render-cache CLI, so none of them reaches into another for its inputs."""
+"""The examples a config names: `load_examples(cfg, split)` (the data section's dataset; `rl_split_for`: its
+SFT/RL split's size on what was read) and `corpus(cfg)` / `corpus_texts(cfg)` (the codebook stage's CoT corpus:
+a mixture of sources, each whole or a stratified sample, "name:split@N"). Shared by the stages, evaluation and
+the render-cache CLI, so none of them reaches into another for its inputs."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from dlr_jax.config import Config, ConfigError
-from dlr_jax.data.cot_view import cot_view
-from dlr_jax.data.readers import load_benchmark
+from dlr_jax.data.cot_view import render_texts
+from dlr_jax.data.readers import BENCHMARKS, load_benchmark, stand_in_read
 from dlr_jax.data.records import Example
 
 
@@ -41,6 +42,25 @@ def load_examples(cfg: Config, split: str, benchmark: str = "synthetic") -> list
     if d.dataset == "gsm8k":  # DataConfig refuses gsm8k_cot for any other dataset
         return load_benchmark(d.dataset, path=d.path, split=split, cot=d.gsm8k_cot)
     return load_benchmark(d.dataset, path=d.path, split=split)
+
+
+def rl_split_for(cfg: Config, train: Sequence[Example]) -> tuple[float, dict[str, Any] | None]:
+    """data.rl_split as it applies to `train`, the examples read for data.train_split, and a note for the data
+    protocol's record when it was changed. A count meant for the full release (the paper's 85,620 of GSM8K-Aug's
+    385,620) that does not fit the smaller stand-in read because the full file is missing (readers.STAND_INS: the
+    3,000-line subset) becomes the same fraction of the stand-in: a try-out on the subset keeps the recipe's
+    proportions instead of stopping. Otherwise (data.rl_split, None): the full data is split exactly as the recipe
+    says, and a count too large for a file the user chose stays an error (protocol.rl_count)."""
+    d = cfg.data
+    count = int(d.rl_split)
+    if d.rl_split < 1 or d.rl_split != count or count < len(train) or d.dataset not in BENCHMARKS:
+        return d.rl_split, None
+    stand_in = stand_in_read(d.dataset, d.train_split, train)
+    full = BENCHMARKS[d.dataset].counts.get(d.train_split, 0)
+    if stand_in is None or not count < full:
+        return d.rl_split, None
+    fraction = count / full
+    return fraction, {"configured": count, "of_full": full, "read": f"{d.dataset}:{stand_in}", "fraction": fraction}
 
 
 def load_named_split(spec: str, what: str = "entry") -> list[Example]:
@@ -102,7 +122,8 @@ def load_corpus_entry(entry: CorpusEntry, seed: int = 0) -> tuple[list[Example],
 def corpus(cfg: Config, held_out: bool = False) -> tuple[list[str], dict[str, Any]]:
     """Training (or held-out) CoTs as the codebook renders them (`codebook.render_view`) and what was read:
     `codebook.corpus` / `eval_corpus` entries ("name:split", "name:split@N": a stratified sample of N drawn with
-    data.split_seed), or the data section's dataset. Empty CoTs are left out (nothing to read back), counted."""
+    data.split_seed), or the data section's dataset. Empty CoTs are left out (nothing to read back), counted. Under
+    `codebook.render_unit=step` the texts are the CoTs' steps (`cot_view.step_views`), each rendered on its own."""
     entries = cfg.codebook.eval_corpus if held_out else cfg.codebook.corpus
     seed = cfg.data.split_seed
     if entries:
@@ -113,10 +134,14 @@ def corpus(cfg: Config, held_out: bool = False) -> tuple[list[str], dict[str, An
         split = cfg.data.eval_split if held_out else cfg.data.train_split
         examples = load_examples(cfg, split)
         sources = [{"entry": f"{cfg.data.dataset}:{split}", "taken": len(examples)}]
-    view = cfg.codebook.render_view
-    texts = [cot_view(ex.cot, view, example_id=ex.id) for ex in examples if ex.cot.strip()]
+    view, unit = cfg.codebook.render_view, cfg.codebook.render_unit
+    kept = [ex for ex in examples if ex.cot.strip()]
+    # one text a canvas: the CoT, or each of its steps (codebook.render_unit=step)
+    texts = [t for ex in kept for t in render_texts(ex.cot, view, unit, example_id=ex.id)]
     info = {"sources": sources, "render_view": view, "texts": len(texts),
-            "empty_cot_left_out": len(examples) - len(texts)}
+            "empty_cot_left_out": len(examples) - len(kept)}
+    if unit != "chain":  # recorded only off the paper's default, so a chain corpus.json reads as before
+        info |= {"render_unit": unit, "cots": len(kept)}
     return texts, info
 
 

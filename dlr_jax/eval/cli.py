@@ -13,6 +13,7 @@ from typing import Any
 import jax
 
 from dlr_jax.config import ConfigError
+from dlr_jax.config.stages import ANSWER_FALLBACKS, EVAL_DECODINGS
 from dlr_jax.core.sharding import maybe_initialize_distributed
 from dlr_jax.data.records import DataFormatError
 from dlr_jax.eval.evaluate import MODES, evaluate
@@ -29,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--set, then the flags. Benchmarks: gsm8k gsm8k_aug gsm_hard svamp multiarith math500 math_train "
         "synthetic, and for a synthetic run its out-of-domain analogues synthetic_hard (numbers x10) and "
         "synthetic_reworded (reworded + an irrelevant sentence); optionally name:split (gsm8k_aug:valid). "
-        "Pass@1 is printed in %; std is ddof=0 over seeds; greedy decoding runs once. Latent mode is "
-        "constrained decoding unless --no-constrain-format (see the dlr_jax/eval/evaluate.py docstring).",
+        "Pass@1 is printed in %; std is ddof=0 over seeds; greedy decoding runs once. Defaults are the paper's "
+        "reading: greedy (eval.temperature 0), dynamic decoding (the model closes its latent span itself), answers "
+        "from the <answer> span only; the other readings are options (see the dlr_jax/eval/evaluate.py docstring).",
     )
     p.add_argument("--workdir", help="the training workdir (required unless --aggregate)")
     p.add_argument("--aggregate", nargs="+", metavar="WORKDIR",
@@ -48,8 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-latents", type=int, help="cap on latents in dynamic decoding (eval.max_latents)")
     p.add_argument("--force-latents", type=int, metavar="N",
                    help="forced early stop: </latent> right after N latents (replaces the cap)")
-    p.add_argument("--no-constrain-format", dest="constrain_format", action="store_false",
-                   help="do not constrain decoding to the answer format (only the latent cap applies)")
+    p.add_argument("--decoding", choices=EVAL_DECODINGS,
+                   help="dynamic: the paper's, the model closes its latent span and writes text itself (only the "
+                   "latent cap applies); constrained: a grammar forces <latent> z.. </latent> <answer> a </answer> "
+                   "(default: eval.decoding)")
+    p.add_argument("--no-constrain-format", dest="decoding", action="store_const", const="dynamic",
+                   help="the same as --decoding dynamic")
+    p.add_argument("--answer-fallback", choices=ANSWER_FALLBACKS,
+                   help="off: answers only from the <answer> span (the paper's); last_number: without a span, "
+                   "the RL answer reward's fallback (boxed, 'answer is', else the last number), counted in the "
+                   "results (default: eval.answer_fallback)")
+    p.add_argument("--temperature", type=float,
+                   help="0 = greedy (the paper's evaluation); > 0 samples, seed s with PRNG seed s "
+                   "(default: eval.temperature)")
     p.add_argument("--data-dir", help="data root holding gsm8k/ svamp/ ... (default: $DLR_DATA_DIR, else the "
                    "checkout's ../shared/data, else its data/)")
     p.add_argument("--config", help="YAML whose eval: and sampling: sections replace the workdir's")
@@ -81,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         a.workdir, a.stage,
         benchmarks=None if a.benchmarks is None else [b for b in a.benchmarks.split(",") if b],
         seeds=a.seeds, limit=a.limit, max_latents=a.max_latents, force_latents=a.force_latents, mode=a.mode,
-        constrain_format=a.constrain_format, data_dir=a.data_dir, config=a.config, overrides=a.overrides,
+        decoding=a.decoding, answer_fallback=a.answer_fallback, temperature=a.temperature, data_dir=a.data_dir,
+        config=a.config, overrides=a.overrides,
         tag=a.tag, progress=a.progress,
     )
     if jax.process_index() == 0:  # every process computed the same results: print them once

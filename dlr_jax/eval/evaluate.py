@@ -2,31 +2,39 @@
 
     python -m dlr_jax.evaluate --workdir W --stage sft --benchmarks gsm8k,multiarith --seeds 5
 
-Decoding (one `dlr_jax.generate.sampler.Sampler` per model, prompts exactly `formats.prompt_ids`):
+Decoding (one `dlr_jax.generate.sampler.Sampler` per model, prompts exactly `formats.prompt_ids`). Which
+reading of the paper each setting is (`EvalConfig`, dlr_jax/config/stages.py; configs/paper/gsm8k.yaml):
 
-* `latent` mode, "dynamic": the model writes `<latent> z_1 .. z_n </latent> <answer> a </answer>`
-  and closes the latent span itself; a logits processor forces `</latent>` once `max_latents`
-  latents are out (a cap). `force_latents=n` is the paper's "forced early stop after n latents":
-  `</latent>` is forced right after the n-th latent (a model that closes earlier keeps its own,
-  shorter span). With `constrain_format` (default) this is *constrained decoding*: the first token
-  is `<latent>`, inside the span only latent ids or `</latent>` may follow, after it latent ids and
+* `eval.temperature` 0 (the paper's reading, default): greedy. The paper gives a temperature for its RL
+  rollouts only (T = 1.0) and calls its evaluation greedy; > 0 samples (an option).
+* `latent` mode, `eval.decoding: dynamic` (the paper's "dynamic decoding", default): the model writes
+  `<latent> z_1 .. z_n </latent>`, closes the span itself and goes on in text, nothing else forced
+  (it may write text before `<answer>`, or no answer span at all); a logits processor only forces
+  `</latent>` once `max_latents` latents are out of the first span (a cap against runaways).
+  `force_latents=n` is the paper's "forced early stop after n latents": `</latent>` is forced right after
+  the n-th latent (a model that closes earlier keeps its own, shorter span).
+  `eval.decoding: constrained` (ours, an option; `constrain_format=True` here) adds a grammar: the first
+  token is `<latent>`, inside the span only latent ids or `</latent>` may follow, after it latent ids and
   a second `<latent>`/`</latent>` are banned, `</answer>` needs an open `<answer>`, and `<eos>` is
   banned until `</answer>`; every generation that completes its answer span is format-valid
-  (`rewards.format_reward` = 1). Without it only the cap / forced stop applies.
-* `cot` / `direct` (text SFT baselines): plain decoding; with `constrain_format` latent ids and the
-  latent boundaries are masked out of the softmax.
+  (`rewards.format_reward` = 1).
+* `cot` / `direct` (text SFT baselines): plain decoding; `constrained` masks latent ids and the
+  latent boundaries out of the softmax.
 * Decoding stops at `</answer>` or `<eos>` (the first complete answer span is the answer) or after
-  `max_new_tokens`. The answer is `rewards.extract_answer` of the decoded generation (latent ids
-  left out), scored by `rewards.is_correct` — the same functions as the RL answer reward.
+  `max_new_tokens`. The answer is read from the `<answer>` span of the decoded generation (latent ids left
+  out) and scored by `rewards.is_correct`, as the RL answer reward scores it. `eval.answer_fallback: off`
+  (the paper's reading, default): a generation without a span has no answer. `last_number` (an option):
+  `rewards.extract_answer`'s fallbacks, the RL answer reward's rule; `answer_fallback_fired` counts them.
 
 Batching: prompts are sorted by length and cut into batches of `batch_size` (the last one padded
 with repeats of its last prompt), prompt blocks are left-padded to a multiple of `prompt_bucket`:
 compiled shapes are reused across batches (one prefill + one decode variant per bucket).
 
 Seeds and statistics. Pass@1 = accuracy of one generation per problem (a fraction in [0, 1];
-tables print %). #L = the reasoning length as the paper counts it: generated latent tokens per problem
-in latent mode (boundary tokens not counted; also reported as `n_latents`), generated CoT tokens
-before `<answer>` in cot mode, 0 in direct mode.
+tables print %). #L = the reasoning length as the paper counts it: the latent tokens of the first latent
+span per problem in latent mode (boundary tokens not counted; also reported as `n_latents`; latent ids
+written elsewhere are `latents_outside`), generated CoT tokens before `<answer>` in cot mode, 0 in direct
+mode.
 Each seed is one full pass; a metric is reported as mean and std over the per-seed values
 (population std, ddof=0) plus the per-seed list. With temperature > 0 seed s samples with PRNG seed
 s. Greedy decoding does not depend on the seed, so greedy evaluation runs once, records
@@ -54,6 +62,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from dlr_jax.config import Config, ConfigError, EvalConfig, apply_overrides, load_config, to_dict
+from dlr_jax.config.stages import ANSWER_FALLBACKS
 from dlr_jax.core.files import atomic_path, write_text_atomic
 from dlr_jax.core.machine import git_commit
 from dlr_jax.core.sharding import mesh_from_config
@@ -106,6 +115,7 @@ def evaluate_examples(
     mesh: Mesh | None = None,
     rules: Mapping | str = "fsdp",
     constrain_format: bool = True,
+    answer_fallback: str = "off",
     prompt_bucket: int = 64,
     unstack_layers: bool | None = None,
     sampler: Sampler | None = None,
@@ -118,6 +128,9 @@ def evaluate_examples(
     model: an NNX module with the sampler interface (ignored when `sampler` is given — pass one to
     share compiled functions across benchmarks). benchmark: scoring rule for `rewards.is_correct`.
     force_latents: n -> `</latent>` forced after n latents (replaces the `max_latents` cap).
+    constrain_format: the grammar (`eval.decoding: constrained`). This low-level default stays True (what the
+    latent probe and the latent-cost benchmark measure); `evaluate`, `run_benchmarks` and the interpretability
+    report take `eval.decoding` (dynamic, the paper's, by default). answer_fallback: `eval.answer_fallback`.
     subsets: name -> example ids; each gets its own metrics under `metrics["subsets"][name]`.
     latent_prefix: example id -> code indices (latent mode only): the prompt ends with the given span
     `<latent> z.. </latent>` and the model writes only the answer (with `constrain_format`, latent ids and
@@ -136,6 +149,8 @@ def evaluate_examples(
                          f"got {seeds}, {batch_size}, {max_new_tokens}")
     if force_latents is not None and force_latents < 0:
         raise ValueError(f"force_latents must be >= 0, got {force_latents}")
+    if answer_fallback not in ANSWER_FALLBACKS:
+        raise ValueError(f"answer_fallback must be one of {ANSWER_FALLBACKS}, got {answer_fallback!r}")
     if latent_prefix is not None:
         if mode != "latent":
             raise ValueError(f"latent_prefix needs mode 'latent', got {mode!r}")
@@ -199,7 +214,8 @@ def evaluate_examples(
             for r, i in enumerate(idx.tolist()):
                 if i not in rows:  # repeats padding the last batch come after the real row
                     gen = out.tokens[r, : out.lengths[r]]
-                    rows[i] = score_one(tok, examples[i], benchmark, gen, bool(out.finished[r]), seed, mode)
+                    rows[i] = score_one(tok, examples[i], benchmark, gen, bool(out.finished[r]), seed, mode,
+                                        answer_fallback=answer_fallback)
                     if latent_prefix is not None:
                         given = [int(c) for c in latent_prefix[examples[i].id]]
                         span = np.asarray(prompts[i][-len(given) - 2:], gen.dtype)  # the grammar reads the whole output
@@ -213,7 +229,10 @@ def evaluate_examples(
     metrics = {"benchmark": benchmark, "mode": mode, **summarise(samples, run_seeds), "seeds": run_seeds,
                "seeds_requested": seeds, "greedy_single_run": greedy, "temperature": temperature,
                "force_latents": force_latents, "max_latents": max_latents if mode == "latent" else None,
-               "constrain_format": constrain_format, "latents_given": latent_prefix is not None, "std": STD_NOTE,
+               "constrain_format": constrain_format, "decoding": "constrained" if constrain_format else "dynamic",
+               "answer_fallback": answer_fallback,
+               "answer_fallback_fired": sum(bool(s["answer_fallback"]) for s in samples),  # over every seed
+               "latents_given": latent_prefix is not None, "std": STD_NOTE,
                "timing": {"batch_seconds": batch_seconds, "batch_rows": [len(set(i.tolist())) for i in batches],
                           "batch_compiled": compiled,
                           "note": "generation wall seconds per batch and seed (sampling + host transfer, not "
@@ -272,7 +291,6 @@ def run_benchmarks(
     *,
     mode: str = "latent",
     force_latents: int | None = None,
-    constrain_format: bool = True,
     prompt_bucket: int = 64,
     unstack_layers: bool | None = None,
     mesh: Mesh | None = None,
@@ -286,18 +304,26 @@ def run_benchmarks(
     """Evaluates `eval_cfg.benchmarks` (each `name[:split]`) with one shared Sampler; writes
     `<out_dir>/results[_tag].json` and `samples[_tag].jsonl` when `out_dir` is given (results.json names the samples
     file's SHA-256 under `samples_file`: `samples_match`); returns the results dict. `record`: extra fields for
-    results.json (workdir, stage, config)."""
+    results.json (workdir, stage, config). Decoding, temperature and answer reading: `eval_cfg` (the module
+    docstring says which reading of the paper each is)."""
     loader = loader or default_loader()
+    constrain_format = eval_cfg.decoding == "constrained"
     sampler = Sampler(model, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket, unstack_layers=unstack_layers)
     results: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "git_commit": git_commit(),
         **dict(record or {}), "mode": mode,
         "eval": {**to_dict(eval_cfg), "force_latents": force_latents, "constrain_format": constrain_format,
                  "prompt_bucket": prompt_bucket},
-        "notes": [STD_NOTE, "pass_at_1 is a fraction in [0, 1]; n_latents counts latent tokens only",
+        "notes": [STD_NOTE, "pass_at_1 is a fraction in [0, 1]; n_latents counts the latents of the first latent span",
                   "greedy decoding runs once (seeds would be identical)" if eval_cfg.temperature == 0 else
                   f"temperature {eval_cfg.temperature}: seed s samples with PRNG seed s"]
-        + (["constrained decoding (see dlr_jax/eval/evaluate.py)"] if constrain_format else []),
+        + [f"decoding {eval_cfg.decoding}: " + ("a grammar forces the latent/answer format (ours; see "
+                                                "dlr_jax/eval/evaluate.py)" if constrain_format else
+                                                "the model closes its latent span and writes its answer itself "
+                                                "(the paper's dynamic decoding)"),
+           "answers read from the <answer> span only" if eval_cfg.answer_fallback == "off" else
+           f"answer fallback {eval_cfg.answer_fallback}: without an <answer> span the answer is "
+           "rewards.extract_answer's (answer_fallback_fired counts them)"],
         "benchmarks": {},
     }
     all_samples: list[dict[str, Any]] = []
@@ -327,7 +353,7 @@ def run_benchmarks(
             None, tok, examples, name, mode=mode, seeds=eval_cfg.seeds, temperature=eval_cfg.temperature,
             max_new_tokens=eval_cfg.max_new_tokens, max_latents=eval_cfg.max_latents,
             force_latents=force_latents, batch_size=eval_cfg.batch_size, constrain_format=constrain_format,
-            sampler=sampler, subsets=subsets, progress=progress,
+            answer_fallback=eval_cfg.answer_fallback, sampler=sampler, subsets=subsets, progress=progress,
         )
         results["benchmarks"][spec] = res.metrics
         all_samples += [{"benchmark": spec, **s} for s in res.samples]
@@ -396,7 +422,9 @@ def evaluate(
     max_latents: int | None = None,
     force_latents: int | None = None,
     mode: str | None = None,
-    constrain_format: bool = True,
+    decoding: str | None = None,
+    answer_fallback: str | None = None,
+    temperature: float | None = None,
     data_dir: str | Path | None = None,
     config: str | Path | None = None,
     overrides: Sequence[str] = (),
@@ -406,7 +434,7 @@ def evaluate(
     """Loads `<workdir>/<stage>` (`handoff.load_stage_model`), evaluates, writes
     `<workdir>/<stage>/eval/results.json` + `samples.jsonl`. Settings: the workdir's config, then
     the `eval`/`sampling` sections of `config`, then `overrides` (`eval.batch_size=16`), then the
-    keyword arguments that are not None."""
+    keyword arguments that are not None (`decoding`, `answer_fallback`, `temperature`: `EvalConfig`'s)."""
     mesh = None
     if any(o.strip().startswith("mesh.") for o in overrides):
         mesh = mesh_from_config(apply_overrides(workdir_config(workdir), overrides).mesh)
@@ -414,8 +442,9 @@ def evaluate(
     cfg = _eval_settings(cfg, config, overrides)
     ev = cfg.eval
     given = {"benchmarks": None if benchmarks is None else tuple(benchmarks), "seeds": seeds, "limit": limit,
-             "max_latents": max_latents}
-    ev = dataclasses.replace(ev, **{k: v for k, v in given.items() if v is not None})
+             "max_latents": max_latents, "decoding": decoding, "answer_fallback": answer_fallback,
+             "temperature": temperature}
+    ev = dataclasses.replace(ev, **{k: v for k, v in given.items() if v is not None})  # EvalConfig checks them
     mode = mode or default_mode(stage)
     base_loader = default_loader(data_dir)
 
@@ -425,9 +454,8 @@ def evaluate(
         return base_loader(name, split)
 
     results = run_benchmarks(
-        model, tok, ev, mode=mode, force_latents=force_latents, constrain_format=constrain_format,
-        prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=cfg.sampling.unstack,
-        mesh=mesh or model_mesh(model), rules=cfg.mesh.rules, loader=loader,
+        model, tok, ev, mode=mode, force_latents=force_latents, prompt_bucket=cfg.sampling.prompt_bucket,
+        unstack_layers=cfg.sampling.unstack, mesh=mesh or model_mesh(model), rules=cfg.mesh.rules, loader=loader,
         out_dir=stage_dir(workdir, stage) / "eval", tag=tag,
         record={"workdir": str(workdir), "stage": stage, "config": to_dict(cfg)}, progress=progress,
     )

@@ -4,10 +4,15 @@
     python -m dlr_jax.interpret --workdir W --question "Tom has 3 apples ..." --html one.html
 
 For each question: the gold chain of thought rendered as the codebook stage renders it (the image the
-encoder compresses), the latent ids the model generated (dynamic, greedy, constrained decoding as in
-`dlr_jax.eval.evaluate`), the OCR decoder's text for those ids, and the predicted and gold answers. The
-page is one standalone HTML file (images inlined as PNG data, no network assets); the same rows go
-to a JSONL file beside it (images left out).
+encoder compresses), the latent ids the model generated (greedy, with the workdir's `eval.decoding` and
+`eval.answer_fallback`, as `dlr_jax.eval.evaluate` generates and scores them), the OCR decoder's text for
+those ids, and the predicted and gold answers. The page is one standalone HTML file (images inlined as PNG
+data, no network assets); the same rows go to a JSONL file beside it (images left out).
+
+When the codebook renders one step a canvas (`codebook.render_unit=step`), each row also shows the gold CoT's
+steps in order: each step's image, its codes (the step's canvas encoded as the export stage encodes it) and the
+OCR decoder's reading of those codes; when every step has the same number of codes (codebook.min_side =
+max_side) the generated latents are read back step by step too.
 
 The OCR decoder is stage sft's dual-branch decoder when sft trained one, else the codebook stage's
 (`dlr_jax.stages.codebook.models.load_decoder`); on a DeepSeek-OCR-2 codebook that is the fine-tuned OCR-2
@@ -28,6 +33,7 @@ from typing import Any
 
 from dlr_jax.core.files import MissingStageError
 from dlr_jax.data.cot_view import cot_view, step_results
+from dlr_jax.data.latents import cut_steps, fixed_step_codes
 from dlr_jax.data.records import Example
 from dlr_jax.run.workdir import final_dir
 
@@ -84,11 +90,16 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         model, tok, examples, scored_as, mode="latent", max_new_tokens=ev.max_new_tokens,
         max_latents=max_latents or ev.max_latents, batch_size=min(ev.batch_size, len(examples)),
         prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=cfg.sampling.unstack,
+        constrain_format=ev.decoding == "constrained", answer_fallback=ev.answer_fallback,
     )
     decoded = decoder.decode([s["latent_codes"] for s in res.samples])
     rcfg, view = render_config(cfg.codebook), cfg.codebook.render_view
+    by_step = cfg.codebook.render_unit == "step"
+    gold_steps = step_panels(cfg, workdir, examples, decoder) if by_step else [None] * len(examples)
+    read_steps = (latent_steps([s["latent_codes"] for s in res.samples], cfg.codebook, decoder) if by_step
+                  else [None] * len(examples))
     rows = []
-    for ex, s, text in zip(examples, res.samples, decoded, strict=True):
+    for ex, s, text, steps, read in zip(examples, res.samples, decoded, gold_steps, read_steps, strict=True):
         gold = ex.source != GOLDLESS
         image = None
         # the image the codebook renders (a CoT without calculator steps has none under the results views)
@@ -100,9 +111,50 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
             "gold_answer": ex.answer if gold else None, "gold_image": image,
             "latent_codes": [int(c) for c in s["latent_codes"]], "n_latents": int(s["n_latents"]),
             "decoded_cot": text, "prediction": s["prediction"], "answer": s["answer"],
-            "correct": bool(s["correct"]) if gold else None,
+            "correct": bool(s["correct"]) if gold else None, "steps": steps, "latent_steps": read,
         })
     return rows
+
+
+def step_panels(cfg: Any, workdir: str | Path, examples: Sequence[Example], decoder: Any
+                ) -> list[list[dict[str, Any]] | None]:
+    """Per example (None without a gold CoT, or one with nothing to render under a results view): its steps as
+    the codebook renders them (`cot_view.step_views`), each {text, image (PNG data URI), codes (the step's canvas
+    encoded as the export stage encodes it), decoded (the OCR decoder's reading of those codes)}, in order."""
+    from dlr_jax.data.cot_view import step_views
+    from dlr_jax.data.render_pipeline import render_config
+    from dlr_jax.stages.codebook.models import encode_ids, load_codebook_model
+    from dlr_jax.text import render
+
+    cb = cfg.codebook
+    shown = [ex.source != GOLDLESS and ex.cot.strip() and (cb.render_view == "cot" or step_results(ex.cot))
+             for ex in examples]
+    texts = [step_views(ex.cot, cb.render_view, example_id=ex.id) if ok else [] for ex, ok in zip(examples, shown,
+                                                                                                   strict=True)]
+    flat = [t for ts in texts for t in ts]
+    codes = encode_ids(load_codebook_model(workdir), flat, cb)[0] if flat else []
+    read = decoder.decode(codes) if flat else []
+    rcfg = render_config(cb)
+    out: list[list[dict[str, Any]] | None] = []
+    at = 0
+    for ts in texts:
+        out.append([{"text": t, "codes": [int(c) for c in codes[at + j]], "decoded": read[at + j],
+                     "image": _png_data_uri(render.render_cot(t, font_size=round(rcfg.font_mean), config=rcfg)[0])}
+                    for j, t in enumerate(ts)] or None)
+        at += len(ts)
+    return out
+
+
+def latent_steps(codes: Sequence[Sequence[int]], cb: Any, decoder: Any) -> list[list[dict[str, Any]] | None]:
+    """Generated latents read back one step at a time, [{codes, decoded}] per row, when every step has the same
+    number of codes (codebook.min_side = max_side: (side / 64)^2); else None per row, as a run of codes whose
+    canvases differ in size cannot be cut into steps."""
+    per = fixed_step_codes(cb)
+    if per is None:
+        return [None] * len(codes)
+    chunks = [cut_steps(z, per) for z in codes]
+    read = iter(decoder.decode([c for cs in chunks for c in cs]))
+    return [[{"codes": [int(k) for k in c], "decoded": next(read)} for c in cs] for cs in chunks]
 
 
 _CSS = """
@@ -115,6 +167,7 @@ display:grid;grid-template-columns:minmax(0,1fr) auto;gap:8px 20px}
 padding:1px 5px;margin:2px;font-family:ui-monospace,monospace;font-size:12px}
 .decoded,.gold{font-family:ui-monospace,monospace;white-space:pre-wrap;background:#f4f4f4;padding:6px;border-radius:4px}
 .ok{color:#137333;font-weight:600} .bad{color:#b3261e;font-weight:600} img{border:1px solid #ccc;max-width:320px}
+.steps{grid-column:1/3;display:flex;flex-wrap:wrap;gap:10px} .stepcard{max-width:240px} .step{margin:2px 0}
 """
 
 
@@ -131,6 +184,10 @@ def render_html(rows: Sequence[dict[str, Any]], *, title: str, subtitle: str = "
                        f"· {mark}")
         left = [f'<div class="label">latent ids ({r["n_latents"]})</div><div class="codes">{codes}</div>',
                 f'<div class="label">OCR decoder reads them as</div><div class="decoded">{esc(r["decoded_cot"])}</div>']
+        if r.get("latent_steps"):  # a step codebook with a fixed number of codes a step: read one step at a time
+            left.append('<div class="label">read step by step</div>' + "".join(
+                f'<div class="step"><span class="codes">{_code_spans(st["codes"])}</span> '
+                f'<span class="decoded">{esc(st["decoded"])}</span></div>' for st in r["latent_steps"]))
         if r["gold_cot"]:
             left.append(f'<div class="label">gold chain of thought</div><div class="gold">{esc(r["gold_cot"])}</div>')
         left.append(f'<div class="label">answer</div><div>{verdict}</div>')
@@ -138,9 +195,26 @@ def render_html(rows: Sequence[dict[str, Any]], *, title: str, subtitle: str = "
         right = (f'<div class="label">{shown}</div><img alt="{shown}" src="{r["gold_image"]}">'
                  if r["gold_image"] else "")
         cards.append(f'<div class="card" id="{esc(r["id"])}"><div class="q">{esc(r["question"])}</div>'
-                     f'<div>{"".join(left)}</div><div>{right}</div></div>')
+                     f'<div>{"".join(left)}</div><div>{right}</div>{_steps_html(r.get("steps"))}</div>')
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>{esc(title)}</title><style>{_CSS}</style>'
             f'</head><body><h1>{esc(title)}</h1><div class="meta">{esc(subtitle)}</div>{"".join(cards)}</body></html>')
+
+
+def _code_spans(codes: Sequence[int]) -> str:
+    return "".join(f"<span>z{c}</span>" for c in codes)
+
+
+def _steps_html(steps: Sequence[dict[str, Any]] | None) -> str:
+    """The gold CoT one step a canvas (codebook.render_unit=step): each step's image, codes and their reading."""
+    if not steps:
+        return ""
+    esc = html.escape
+    items = "".join(
+        f'<div class="stepcard"><div class="label">step {i + 1}</div><img alt="step {i + 1}" src="{st["image"]}">'
+        f'<div class="codes">{_code_spans(st["codes"])}</div><div class="decoded">{esc(st["decoded"])}</div>'
+        f'<div class="gold">{esc(st["text"])}</div></div>' for i, st in enumerate(steps))
+    return (f'<div class="steps"><div class="label">gold CoT one step a canvas: image, codes, OCR reading, text'
+            f'</div>{items}</div>')
 
 
 def write_report(rows: Sequence[dict[str, Any]], html_path: str | Path, *, title: str, subtitle: str = "",
@@ -151,7 +225,10 @@ def write_report(rows: Sequence[dict[str, Any]], html_path: str | Path, *, title
     jsonl_path = Path(jsonl_path) if jsonl_path else html_path.with_suffix(".jsonl")
     with open(jsonl_path, "w", encoding="utf-8") as f:
         for r in rows:
-            f.write(json.dumps({k: v for k, v in r.items() if k != "gold_image"}) + "\n")
+            row = {k: v for k, v in r.items() if k != "gold_image"}
+            if row.get("steps"):  # images stay in the page only
+                row["steps"] = [{k: v for k, v in st.items() if k != "image"} for st in row["steps"]]
+            f.write(json.dumps(row) + "\n")
     return html_path, jsonl_path
 
 

@@ -30,8 +30,8 @@ def mean_std(values: Sequence[float]) -> dict[str, Any]:
 
 
 def summarise(samples: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dict[str, Any]:
-    """Per-seed means of correct / n_latents / gen_tokens (and format_ok, finished), then
-    mean ± std over seeds."""
+    """Per-seed means of correct / n_latents / gen_tokens (and format_ok, finished, answer_fallback: the share of
+    answers the fallback gave), then mean ± std over seeds."""
     out: dict[str, Any] = {}
     per = [[s for s in samples if s["seed"] == seed] for seed in seeds]
     if any(not rows for rows in per):
@@ -41,6 +41,8 @@ def summarise(samples: Sequence[Mapping[str, Any]], seeds: Sequence[int]) -> dic
               ("finished", "finished")]
     if "format_ok" in per[0][0]:
         fields.append(("format_ok", "format_ok"))
+    if "answer_fallback" in per[0][0]:
+        fields.append(("answer_fallback_rate", "answer_fallback"))
     if "wall_s" in per[0][0]:  # per-seed mean of each row's share of its batch = generation seconds / n
         fields.append(("wall_s_per_question", "wall_s"))
     for name, key in fields:
@@ -58,8 +60,13 @@ def format_table(results: Mapping[str, Any]) -> str:
         return (f"{name:<24} {mode:<7} {m['n']:>6}  {100 * p['mean']:>7.2f} ± {100 * p['std']:<5.2f}  "
                 f"{nl['mean']:>6.2f} ± {nl['std']:<4.2f}  {m['gen_tokens']['mean']:>8.1f}")
 
+    notes = []
     for name, m in results["benchmarks"].items():
         lines.append(row(name, m, m["mode"]))
         for sub, sm in m.get("subsets", {}).items():
             lines.append(row(f"  {name}/{sub}", sm, m["mode"]))
-    return "\n".join(lines)
+        if m.get("answer_fallback", "off") != "off":  # answers not read from an <answer> span: say how many
+            total = m["n"] * len(m.get("seeds", [0]))
+            notes.append(f"{name}: the answer fallback ({m['answer_fallback']}) gave {m['answer_fallback_fired']} "
+                         f"of {total} answers (generations without an <answer> span)")
+    return "\n".join(lines + notes)

@@ -19,11 +19,14 @@ The paper's comparisons as one resumable command. Experiments:
                      branch off / weight x4, d_c x4, a larger canvas (more visual tokens N), width x2 and
                      depth x2 (these two with their own Direct-SFT / CoT-SFT); RL on top is main's DLR-Full,
                      and again at a tenth of the RL learning rate (rl alone)
+  encoder            the paper's encoder table: DeepEncoder V2 vs Qwen3-VL's vision tower (codebook.encoder),
+                     each at the default and at half the font size, codebook onwards per row; the tower comes
+                     from --encoder-from DIR, else from a qwen3_vl backbone's init_from
 
 Layout: W/seed<s>/<variant>/ is an ordinary dlr_jax workdir per training seed and variant
 (`main` runs every stage; other variants link the stages they share with it and run the rest);
-W/NAME/ holds results.json, table.md, the PNG plots and logs/ (one log per stage command). stages, k_sweep
-and decoding print their table in the paper's layout too (each benchmark's Acc. and #L, then the average), with
+W/NAME/ holds results.json, table.md, the PNG plots and logs/ (one log per stage command). stages, k_sweep,
+decoding and encoder print their table in the paper's layout too (each benchmark's Acc. and #L, then the average), with
 the paper's numbers beside ours where dlr_jax/experiments/paper_numbers.py has them for the config's backbone.
 Each stage runs as `python -m dlr_jax.train ...` / `python -m dlr_jax.evaluate ...` in a subprocess;
 a command is skipped once its outputs exist and a stopped stage resumes, so rerunning the same
@@ -79,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "DLR-SFT vs Direct-SFT mixes the latents with DLR-SFT's longer training. From-scratch "
                         "backbones get a third row, Direct-SFT trained from the CoT-SFT model for align + SFT's "
                         "examples at SFT's optimizer settings, and DLR-SFT minus it (paired)")
+    p.add_argument("--encoder-from", metavar="DIR",
+                   help="encoder only: the HF qwen3_vl checkpoint directory whose vision tower the Qwen3-VL rows "
+                        "import (codebook.encoder_from); default: init_from when the backbone is a qwen3_vl "
+                        "checkpoint; '' trains the tower from scratch")
     p.add_argument("--merge", action="append", default=[], metavar="RESULTS_JSON",
                    help="fold the seeds of another run of this experiment and recipe into the report "
                         "(its W/NAME/results.json, e.g. from --seed-ids on another machine; repeatable)")
@@ -105,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         exp = experiment(args.name, cfg, ks=args.k_values, force_stops=args.force_stops,
-                         matched=args.matched_baselines)
+                         matched=args.matched_baselines, encoder_from=args.encoder_from)
+        if exp.needs and not (args.dry_run or args.report_only):
+            raise ValueError(f"{exp.name}: {exp.needs}")
         recipe = report.recipe_hash(cfg)
 
         def merged() -> list[tuple[Path, dict]]:  # read again for every report: the other machine goes on
@@ -124,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         print(f"# experiment {exp.name}: {exp.description}; {len(exp.variants)} variant(s) x {len(seeds)} seed(s), "
               f"{len(steps)} commands")
+        if exp.needs:
+            print(f"# NOTE: before it can run, {exp.needs}")
         runner.dry_run(steps)
         return 0
     out_dir = root / exp.name

@@ -1,5 +1,5 @@
-"""The paper's own numbers for the tables `python -m dlr_jax.experiments stages|k_sweep|decoding` prints in its
-layout, beside ours when the run's backbone is the paper's.
+"""The paper's own numbers for the tables `python -m dlr_jax.experiments stages|k_sweep|decoding|encoder` prints
+in its layout, beside ours when the run's backbone is the paper's.
 
 PAPER_NUMBERS[experiment][backbone][row label][benchmark] = (Acc. in %, #L), where backbone is the config file's
 stem (e.g. "qwen3vl-4b": configs/qwen3vl-4b.yaml), the row labels are the experiment's (report.py prints them) and
@@ -17,7 +17,8 @@ from collections.abc import Mapping
 
 Cell = tuple[float | None, float | None]
 
-PAPER_NUMBERS: dict[str, dict[str, dict[str, dict[str, Cell]]]] = {"stages": {}, "k_sweep": {}, "decoding": {}}
+PAPER_NUMBERS: dict[str, dict[str, dict[str, dict[str, Cell]]]] = {"stages": {}, "k_sweep": {}, "decoding": {},
+                                                                   "encoder": {}}
 
 
 def paper_rows(experiment: str, backbone: str) -> Mapping[str, Mapping[str, Cell]] | None:

@@ -1,8 +1,9 @@
 """What an experiment runs: its variants (one workdir per variant and training seed), the stage
 commands each variant needs, and the evaluations its table reads.
 
-Nothing here imports JAX or touches a checkpoint: planning reads the resolved config only, so
-`--dry-run` works for any config (a real backbone's included) on any machine.
+Nothing here imports JAX or loads a checkpoint: planning reads the resolved config (and the encoder table
+init_from's config.json, where this machine has it), so `--dry-run` works for any config (a real backbone's
+included) on any machine.
 
 Sharing. The `main` variant of a seed runs every stage. Another variant runs only the stages its
 change affects and *links* (relative symlinks) the finished products of the others from the same
@@ -86,6 +87,8 @@ class Experiment:
     variants: tuple[Variant, ...]
     methods: tuple[Method, ...]
     full: str = FULL  # p-values compare every row with this one
+    # what a run lacks before it may start (the dry run prints it, a run refuses): "" when nothing
+    needs: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,11 +126,11 @@ def _holds(results: Path, benchmarks: Sequence[str]) -> bool:
 
 
 EXPERIMENTS = ("main", "no_align", "no_rl", "no_process_reward", "forced_stop", "k_sweep", "half_font", "ablations",
-               "levers", "stages", "decoding")
+               "levers", "stages", "decoding", "encoder")
 # The paper's tables, each printed in its layout (benchmarks' Acc. and #L, then their average; report.py):
 # `stages` its stage ablation (-Align, -SFT, -RL, -Proc, Full), `k_sweep` its codebook sizes, `decoding` its
-# dynamic vs forced-stop decoding.
-PAPER_TABLES = ("stages", "k_sweep", "decoding")
+# dynamic vs forced-stop decoding, `encoder` its encoders at two font sizes.
+PAPER_TABLES = ("stages", "k_sweep", "decoding", "encoder")
 # Forced stops: the paper's decoding table stops after n in {4, 6, 8, 10} latents; forced_stop keeps its own
 # smaller defaults (tiny configs' CoTs have 4 codes).
 PAPER_FORCE_STOPS = (4, 6, 8, 10)
@@ -135,6 +138,11 @@ DEFAULT_FORCE_STOPS = (2, 4, 6, 8)
 # The paper's codebook sizes {2.5K, 5K, 10K, 20K, 40K} around its K = 10K, as multiples of the config's K.
 K_GRID = (0.25, 0.5, 1, 2, 4)
 STAGE_ROWS = ("−Align", "−SFT", "−RL", "−Proc")  # the stage table's ablation rows; its last row is DLR-Full
+# The encoder table's encoders (codebook.encoder) and their row labels; each at the default font, then half of it.
+ENCODER_LABELS = {"deepencoder": "DeepEncoder V2", "qwen3_vl": "Qwen3-VL ViT"}
+HALF_FONT = ", half font"
+# Where the dry run's commands want the Qwen3-VL tower's directory when nothing gave it (a run refuses then).
+ENCODER_FROM_PLACEHOLDER = "<QWEN3_VL_DIR>"
 
 
 def codebook_stages(cfg: Config) -> tuple[str, ...]:
@@ -298,6 +306,85 @@ def _levers(cfg: Config) -> tuple[tuple[Variant, ...], tuple[Method, ...]]:
     return tuple(variants), tuple(rows)
 
 
+def backbone_type(cfg: Config) -> str:
+    """The backbone's model_type: init_from's config.json where this machine has it (a run takes the architecture
+    from there), else the config's model section (which mirrors the published config.json)."""
+    if cfg.init_from:
+        try:
+            return str(json.loads((Path(cfg.init_from) / "config.json").read_text()).get("model_type", ""))
+        except (OSError, ValueError):
+            pass
+    return cfg.model.model_type
+
+
+def qwen3_vl_tower(cfg: Config, given: str | None) -> tuple[str, str, str]:
+    """Where the encoder table's Qwen3-VL rows take the tower from: (directory or "" = trained from scratch,
+    why, what is missing). `given` (--encoder-from; "" = from scratch on purpose) wins; then the config's own
+    codebook.encoder_from; then a qwen3_vl backbone's checkpoint (init_from), whose tower is the one the
+    backbone was trained with. A full-scale run (init_from, or a Qwen3-VL backbone) left with none would compare
+    a from-scratch tower, not Qwen3-VL's: that is what is missing."""
+    c = cfg.codebook
+    if given is not None:
+        return given, "--encoder-from" if given else "--encoder-from '': from scratch", ""
+    if c.encoder == "qwen3_vl" and c.encoder_from:
+        return c.encoder_from, "codebook.encoder_from", ""
+    if cfg.init_from and backbone_type(cfg) == "qwen3_vl":
+        return cfg.init_from, "the backbone's checkpoint, init_from", ""
+    if cfg.init_from or cfg.model.model_type == "qwen3_vl":
+        return ENCODER_FROM_PLACEHOLDER, "its directory not given yet", (
+            "the Qwen3-VL rows take Qwen3-VL's pretrained vision tower: give --encoder-from DIR (an HF qwen3_vl "
+            "checkpoint directory; with --set init_from=DIR a qwen3_vl backbone lends its own), or --encoder-from '' "
+            f"to train the tower from scratch (sized by codebook.vit_*); a dry run's commands say "
+            f"{ENCODER_FROM_PLACEHOLDER} where DIR goes")
+    return "", "from scratch, sized by codebook.vit_*", ""
+
+
+def encoder_overrides(cfg: Config, encoder: str, tower: str = "") -> tuple[str, ...]:
+    """The --set values that turn the config's codebook encoder into `encoder` (with the Qwen3-VL tower from
+    `tower`, "" = from scratch). In this order because each --set is checked as it lands: encoder_from is
+    refused unless the encoder is qwen3_vl, so it is cleared before and given after the encoder changes."""
+    c, want = cfg.codebook, tower if encoder == "qwen3_vl" else ""
+    out = []
+    if c.encoder_from and c.encoder_from != want:
+        out.append("codebook.encoder_from=")
+    if c.encoder != encoder:
+        out.append(f"codebook.encoder={encoder}")
+    if want and c.encoder_from != want:
+        out.append(f"codebook.encoder_from={want}")
+    return tuple(out)
+
+
+def _encoders(cfg: Config, encoder_from: str | None) -> Experiment:
+    """The paper's encoder table: DeepEncoder V2 vs Qwen3-VL's vision tower, each at the default and at half the
+    font size. Every row trains its own codebook and the stages after it (the latents are its codes); the text
+    SFT models have no latent rows, so they are shared. The row whose settings are the config's is main's
+    DLR-Full, and DeepEncoder V2 at half font is the `half_font` experiment's variant (the same workdir)."""
+    c = cfg.codebook
+    if cfg.latent.source != "codebook":
+        raise ValueError("encoder trains a codebook per encoder: it needs latent.source=codebook")
+    if c.init_from or c.pretrained:
+        raise ValueError("encoder trains each encoder's codebook from scratch; codebook.init_from / pretrained "
+                         "bring DeepSeek-OCR-2's encoder and decoder (drop them for this table)")
+    tower, why, needs = qwen3_vl_tower(cfg, encoder_from)
+    half = half_font_overrides(cfg)
+    variants: list[Variant] = [main_variant(cfg)]
+    methods: list[Method] = []
+    for enc, label in ENCODER_LABELS.items():
+        sets = encoder_overrides(cfg, enc, tower)
+        for font in ((), half):
+            # the config's own encoder: main's run, and at half font the half_font experiment's variant (one
+            # workdir for both); the other encoder: variants of its own
+            name = ("main" if not font else "half_font") if not sets else enc + ("_half_font" if font else "")
+            if name != "main":
+                variants.append(Variant(name, (*sets, *font), runs=(*codebook_stages(cfg), "align", "sft", "rl"),
+                                        reuse=("textsft",)))
+            methods.append(Method(label + (HALF_FONT if font else ""), name, "rl"))
+    where = f"from {tower} ({why})" if tower and not needs else why
+    return Experiment("encoder", f"DeepEncoder V2 vs Qwen3-VL's vision tower ({where}), each at the default and at "
+                      "half the font size; each trains its own codebook onwards", tuple(variants), tuple(methods),
+                      full=ENCODER_LABELS["deepencoder"], needs=needs)
+
+
 def k_values(cfg: Config, given: Sequence[int] | None) -> tuple[int, ...]:
     """The K sweep: the paper's grid scaled to the config's K (K/4, K/2, K, 2K, 4K: 2.5K ... 40K at K = 10K)
     unless given; always including the config's K (that point is the main run's DLR-Full)."""
@@ -308,16 +395,22 @@ def k_values(cfg: Config, given: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def experiment(name: str, cfg: Config, *, ks: Sequence[int] | None = None,
-               force_stops: Sequence[int] | None = None, matched: bool = False) -> Experiment:
+               force_stops: Sequence[int] | None = None, matched: bool = False,
+               encoder_from: str | None = None) -> Experiment:
     """The variants and table rows of experiment `name` (see EXPERIMENTS) for the resolved config;
     `matched` (main only) adds the text baselines retrained on DLR-SFT's budget (`matched_variant`).
-    force_stops: None = the paper's (4, 6, 8, 10) for `decoding`, (2, 4, 6, 8) for the others."""
+    force_stops: None = the paper's (4, 6, 8, 10) for `decoding`, (2, 4, 6, 8) for the others.
+    encoder_from (encoder only): the Qwen3-VL rows' tower, "" = from scratch (None: `qwen3_vl_tower` finds it)."""
     if not force_stops:
         force_stops = PAPER_FORCE_STOPS if name == "decoding" else DEFAULT_FORCE_STOPS
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; choose from {', '.join(EXPERIMENTS)}")
     if matched and name != "main":
         raise ValueError(f"--matched-baselines adds rows to the main experiment, not to {name!r}")
+    if encoder_from is not None and name != "encoder":
+        raise ValueError(f"--encoder-from gives the encoder experiment's Qwen3-VL tower; {name!r} has none")
+    if name == "encoder":
+        return _encoders(cfg, encoder_from)
     cb = codebook_stages(cfg)
     main = main_variant(cfg)
     full = Method(FULL, "main", "rl")

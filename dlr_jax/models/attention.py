@@ -71,6 +71,10 @@ def attention(
     kv, s = (k.shape[1], k.shape[2]) if kv_heads_major else (k.shape[2], k.shape[1])
     splash_ok = segment_ids is not None and splash_fits(t, s)
     impl = resolve_attention(backend, target_platform(), q.dtype, splash_ok)
+    if impl == "cudnn" and (t % 2 or s % 2):
+        # the cuDNN flash kernel's backward takes a mask (its bias) over even lengths only; the OCR-2 decoder's
+        # rows (<bos>, N ids, separator, prompt, targets) are odd for every other canvas size
+        impl = "xla"
     if impl.startswith("splash"):
         return splash_attention(q, k, v, segment_ids, interpret=impl == "splash_interpret")
     if impl != "xla":

@@ -189,6 +189,11 @@ class EncoderConfig:
     def out_dim(self) -> int:
         return self.code_dim or self.flow.hidden_size
 
+    @property
+    def num_queries(self) -> int:
+        """The most codes a canvas may give: the query pool's rows."""
+        return self.flow.num_queries
+
 
 DEEPENCODER_V2 = EncoderConfig(DEEPENCODER_V2_VISION, DEEPENCODER_V2_FLOW)
 TINY_ENCODER = EncoderConfig(TINY_VISION, TINY_FLOW)

@@ -31,6 +31,8 @@ from jaxtyping import Array, Bool, Float, Int
 from dlr_jax.config import Config, ConfigError, ModelConfig, from_dict, to_dict
 from dlr_jax.core.sharding import host_value
 from dlr_jax.models.causal_flow import CausalFlowConfig, Encoder, EncoderConfig
+from dlr_jax.models.qwen3_vl_encoder import Qwen3VLEncoder, Qwen3VLEncoderConfig
+from dlr_jax.models.qwen3_vl_vision import Qwen3VLVisionConfig, config_from_hf
 from dlr_jax.models.transformer import Transformer, causal_mask, new_param, segment_positions
 from dlr_jax.models.vision import VisionConfig, normalize_images
 from dlr_jax.models.vq import VectorQuantizer, nearest_codes
@@ -45,7 +47,7 @@ from dlr_jax.text.render import PATCH
 class CodebookModelConfig:
     """Everything needed to rebuild the network (stored in the stage's meta.json)."""
 
-    encoder: EncoderConfig
+    encoder: EncoderConfig | Qwen3VLEncoderConfig  # codebook.encoder: deepencoder | qwen3_vl
     decoder: ModelConfig
     num_codes: int
     sigma: float = 0.0
@@ -57,7 +59,7 @@ class CodebookModelConfig:
 
     @property
     def num_queries(self) -> int:
-        return self.encoder.flow.num_queries
+        return self.encoder.num_queries
 
     @staticmethod
     def from_config(cfg: Config) -> CodebookModelConfig:
@@ -97,10 +99,9 @@ class CodebookModelConfig:
             max_position_embeddings=c.num_queries + 2 * c.max_text_len + 1,
             bos_token_id=VOCAB.BOS, eos_token_id=VOCAB.EOS, pad_token_id=VOCAB.PAD, **common,
         )
-        return CodebookModelConfig(
-            EncoderConfig(vision, flow, code_dim=0 if fh == d else d), decoder, cfg.latent.num_latents, c.sigma,
-            c.max_text_len,
-        )
+        encoder = (qwen3_vl_encoder_config(cfg) if c.encoder == "qwen3_vl"
+                   else EncoderConfig(vision, flow, code_dim=0 if fh == d else d))
+        return CodebookModelConfig(encoder, decoder, cfg.latent.num_latents, c.sigma, c.max_text_len)
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
@@ -108,14 +109,46 @@ class CodebookModelConfig:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> CodebookModelConfig:
         enc = d["encoder"]
+        if "tower" in enc:
+            encoder = Qwen3VLEncoderConfig(from_dict(Qwen3VLVisionConfig, enc["tower"]), int(enc["code_dim"]),
+                                           int(enc["num_queries"]))
+        else:
+            encoder = EncoderConfig(from_dict(VisionConfig, enc["vision"]), from_dict(CausalFlowConfig, enc["flow"]),
+                                    code_dim=int(enc.get("code_dim", 0)))
         return CodebookModelConfig(
-            EncoderConfig(from_dict(VisionConfig, enc["vision"]), from_dict(CausalFlowConfig, enc["flow"]),
-                          code_dim=int(enc.get("code_dim", 0))),
+            encoder,
             from_dict(ModelConfig, d["decoder"]),
             int(d["num_codes"]),
             float(d.get("sigma", 0.0)),
             int(d.get("max_text_len", 512)),
         )
+
+
+def qwen3_vl_encoder_config(cfg: Config) -> Qwen3VLEncoderConfig:
+    """codebook.encoder=qwen3_vl: the tower of codebook.encoder_from's config.json, or from scratch one sized by
+    vit_hidden / vit_layers / vit_heads / vit_mlp with Qwen3-VL's patch 16, 2 x 2 merge and an
+    (image_size / 16)^2 position table whose merger writes d_c."""
+    import json
+    from pathlib import Path
+
+    c = cfg.codebook
+    common = dict(dtype=c.dtype, param_dtype=c.param_dtype, remat=c.remat)
+    if c.encoder_from:
+        f = Path(c.encoder_from) / "config.json"
+        try:
+            raw = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"codebook.encoder_from: {f}: cannot read a config.json: {e}") from None
+        if raw.get("model_type") != "qwen3_vl" or not isinstance(raw.get("vision_config"), Mapping):
+            raise ConfigError(f"codebook.encoder_from: {f}: not a qwen3_vl config with a vision_config "
+                              f"(model_type {raw.get('model_type')!r})")
+        tower = config_from_hf(raw["vision_config"], **common)
+    else:
+        tower = Qwen3VLVisionConfig(
+            depth=c.vit_layers, hidden_size=c.vit_hidden, intermediate_size=c.vit_mlp, num_heads=c.vit_heads,
+            out_hidden_size=cfg.latent.latent_dim, num_position_embeddings=(c.image_size // 16) ** 2, **common,
+        )
+    return Qwen3VLEncoderConfig(tower, cfg.latent.latent_dim, c.num_queries)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -127,7 +160,10 @@ class CodebookModel(nnx.Module):
 
     def __init__(self, cfg: CodebookModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.encoder = Encoder(cfg.encoder, rngs=rngs)
+        if isinstance(cfg.encoder, Qwen3VLEncoderConfig):
+            self.encoder = Qwen3VLEncoder(cfg.encoder, rngs=rngs)
+        else:
+            self.encoder = Encoder(cfg.encoder, rngs=rngs)
         self.vq = VectorQuantizer(cfg.num_codes, cfg.code_dim, sigma=cfg.sigma, rngs=rngs)
         pd = jnp.dtype(cfg.decoder.param_dtype)
         scale = 1.0 / np.sqrt(cfg.code_dim)

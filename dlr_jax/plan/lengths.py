@@ -8,7 +8,9 @@ split (a seeded sample of at most `SAMPLE` examples; the paper's GSM8K-Aug train
 the run would (`tokenizer.path` / `init_from`'s tokenizer; else the workdir's; else a BPE trained as the run
 trains one), with the run's latent counts per example (latent.source=random / step_results: as the stage draws
 them; codebook: the workdir's exported ids, else each CoT's canvas at the codebook's mean font size,
-N = (side / 64)^2, which is what the codebook stage's rendering gives at that size).
+N = (side / 64)^2, which is what the codebook stage's rendering gives at that size). Under sft's latent curriculum
+(`latent.curriculum`) an example's length is its longest row: the text CoT behind an empty span, or the whole
+span (the extremes of its mixed rows; the pipeline's own filter measures every k).
 
 The lengths are cached as JSON under `$DLR_CACHE_DIR/lengths` (default `~/.cache/dlr_jax/lengths`), keyed by
 everything above that decides them (the data and tokenizer settings, the files read and their sizes and times);
@@ -105,12 +107,16 @@ def cache_key(cfg: Config, stage: str, sample: int) -> str:
                            "data_dir": os.environ.get("DLR_DATA_DIR"), "tokenizer": to_dict(cfg.tokenizer),
                            "tokenizer_kind": kind, "tokenizer_file": _stat(tok_file) if tok_file else None,
                            "num_latents": cfg.latent.num_latents, "latent_source": cfg.latent.source}
+    if stage == "sft" and cfg.latent.curriculum != "off":
+        key["curriculum"] = cfg.latent.curriculum
     if stage != "textsft" and cfg.latent.source == "codebook":
         lat = _latents_file(cfg)
         key["latents_file"] = _stat(lat) if lat else None
         cb = cfg.codebook
         key["render"] = [cb.font_mean, cb.font_min, cb.font_max, cb.min_side, cb.max_side, cb.overflow,
                          cb.render_view]
+        if cb.render_unit != "chain":  # so a chain run's cached lengths stay valid
+            key["render"].append(cb.render_unit)
     blob = json.dumps(key, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:24]
 
@@ -129,7 +135,7 @@ def _tokenizer(cfg: Config, kind: str, examples: list) -> tuple[Any, str]:
 
 
 def _latent_counts(cfg: Config, examples: list) -> tuple[list[int], str]:
-    from dlr_jax.data.cot_view import cot_view, step_results
+    from dlr_jax.data.cot_view import render_texts, step_results
     from dlr_jax.data.latents import default_num_latents, read_latents
 
     src = cfg.latent.source
@@ -148,9 +154,12 @@ def _latent_counts(cfg: Config, examples: list) -> tuple[list[int], str]:
 
     rcfg, cb = render_config(cfg.codebook), cfg.codebook
     size = int(np.rint(np.clip(cb.font_mean, cb.font_min, cb.font_max)))
-    sides = [canvas_side(cot_view(ex.cot, cb.render_view, example_id=ex.id), size, rcfg)[0] for ex in examples]
-    return [(s // PATCH) ** 2 for s in sides], (f"latent counts estimated: each CoT's canvas at {size} px "
-                                                 "(no exported latent ids in the workdir)")
+    # one canvas a CoT, or one a step of it (codebook.render_unit=step: an example's latents are its steps' codes)
+    sides = [[canvas_side(t, size, rcfg)[0] for t in render_texts(ex.cot, cb.render_view, cb.render_unit,
+                                                                   example_id=ex.id)] for ex in examples]
+    return [sum((s // PATCH) ** 2 for s in ss) for ss in sides], (
+        f"latent counts estimated: each CoT's canvas{'es' if cb.render_unit == 'step' else ''} at {size} px "
+        "(no exported latent ids in the workdir)")
 
 
 def measure(cfg: Config, stage: str, sample: int = SAMPLE) -> tuple[list[int], int, list[str]]:
@@ -168,7 +177,9 @@ def measure(cfg: Config, stage: str, sample: int = SAMPLE) -> tuple[list[int], i
         pick = np.sort(np.random.default_rng(cfg.run.seed).choice(len(examples), sample, replace=False))
         examples = [examples[i] for i in pick]
     counts, lat_note = _latent_counts(cfg, examples) if stage != "textsft" else ([0] * len(examples), "")
-    lengths = [len(build_sequence(stage, tok, Item(ex, (0,) * n))) for ex, n in zip(examples, counts, strict=True)]
+    variants: tuple[int | None, ...] = (0, 1) if stage == "sft" and cfg.latent.curriculum != "off" else (None,)
+    lengths = [max(len(build_sequence(stage, tok, Item(ex, (0,) * n, (n,), k))) for k in variants)
+               for ex, n in zip(examples, counts, strict=True)]
     what = f"a sample of {len(examples):,}" if population > len(examples) else "all"
     notes = [f"{stage} sequences of the {population:,} examples read from {cfg.data.dataset}:{cfg.data.train_split} "
              f"({what}), {tok_note}"]

@@ -137,7 +137,7 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     else:
         import functools
 
-        loss = functools.partial(lm_loss, vocab_mask=vocab_mask)
+        loss = functools.partial(lm_loss, vocab_mask=vocab_mask, reduction=tcfg.loss_reduction)
         fields = {k: ((seq,), jnp.int32) for k in ("tokens", "loss_mask", "segment_ids", "positions")}
     trainable = filter_for_stage(stage, lat)
     if stage == "sft" and plans_dual_branch(cfg):
@@ -189,7 +189,7 @@ def _dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarray):
 
     model = nnx.eval_shape(build)
     loss = functools.partial(dual_branch_loss, vocab_mask=vocab_mask, weight=cfg.latent.dual_branch_weight,
-                             dropout=cfg.codebook.char_dropout)
+                             dropout=cfg.codebook.char_dropout, reduction=cfg.train.sft.loss_reduction)
     n = dcfg.num_queries
     extra = {"ocr_targets": ((dcfg.max_text_len,), jnp.int32), "ocr_codes": ((n,), jnp.int32),
              "ocr_code_mask": ((n,), jnp.int32)}
@@ -218,7 +218,8 @@ def _ocr2_dual_branch(cfg: Config, lm: Any, trainable: Any, vocab_mask: np.ndarr
                                            projector_bias=o.projector_bias if flow else None))
 
     model = nnx.eval_shape(build)
-    loss = functools.partial(dual_branch_loss, vocab_mask=vocab_mask, weight=cfg.latent.dual_branch_weight)
+    loss = functools.partial(dual_branch_loss, vocab_mask=vocab_mask, weight=cfg.latent.dual_branch_weight,
+                             reduction=cfg.train.sft.loss_reduction)
     n = (cfg.codebook.max_side // 64) ** 2  # the largest canvas's codes: the memory bound
     extra = {"ocr_targets": ((cb.cfg.max_text_len,), jnp.int32), "ocr_codes": ((n,), jnp.int32),
              "ocr_code_mask": ((n,), jnp.int32)}

@@ -11,6 +11,11 @@ trace that a reader can follow to the right answer is rewarded even when the pol
 wrong. Rollouts without a well-formed latent span (`<latent>`, at least one latent, `</latent>`)
 score 0 and are not decoded.
 
+A codebook that rendered one step a canvas (`codebook.render_unit=step`) trained its decoder to read one step's
+codes; with a fixed canvas every step has c = (side / 64)^2 codes (`data.latents.fixed_step_codes`), so the span
+is cut into groups of c codes (`data.latents.cut_steps`), each group decoded on its own, and y_hat is the decoded
+steps joined with spaces (`step_codes`; None decodes the span as one, as for a whole-chain codebook).
+
 Everything is batched: one `decode` call for all traces, then the evaluator's jitted `Sampler` over
 fixed-size chunks (the last one padded with repeats) so the compiled shapes are reused across RL
 steps. Registered as reward ``"process"``; the scorer reaches the reward function through
@@ -26,6 +31,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from dlr_jax.data.formats import prompt_ids
+from dlr_jax.data.latents import cut_steps
 from dlr_jax.generate.sampler import Sampler
 from dlr_jax.rewards.answer_format import (
     BoundaryIds,
@@ -76,7 +82,8 @@ class ProcessReward:
     decoder: a `LatentDecoder`. evaluator: an NNX LM with the sampler interface (`Transformer`) or a
     ready `Sampler` (pass one to share compiled functions). tok: the workdir tokenizer (the evaluator
     shares its text ids). max_new_tokens: the evaluator's budget after `<answer>`; max_cot_tokens: y_hat
-    is cut to this many tokens; batch_size: evaluator rows per generate call.
+    is cut to this many tokens; batch_size: evaluator rows per generate call. step_codes: codes per step of a
+    step codebook (see the module docstring), None for a whole-chain codebook.
     """
 
     def __init__(
@@ -91,6 +98,7 @@ class ProcessReward:
         mesh: Mesh | None = None,
         rules: Mapping | str = "fsdp",
         prompt_bucket: int = 64,
+        step_codes: int | None = None,
     ):
         if not isinstance(decoder, LatentDecoder):
             raise TypeError(f"decoder {type(decoder).__name__} has no decode(codes) -> list[str] method")
@@ -105,7 +113,27 @@ class ProcessReward:
             else Sampler(evaluator, mesh=mesh, rules=rules, prompt_bucket=prompt_bucket)
         )
         self.max_new_tokens, self.max_cot_tokens, self.batch_size = max_new_tokens, max_cot_tokens, batch_size
+        if step_codes is not None and step_codes < 1:
+            raise ValueError(f"step_codes must be >= 1 or None, got {step_codes}")
+        self.step_codes = step_codes
         self._vocab_mask: np.ndarray | None = None
+
+    def read(self, codes: Sequence[Sequence[int]]) -> list[str]:
+        """y_hat for each trace: its codes decoded in one batched `decode` call, whole or (`step_codes`) one step
+        at a time with the decoded steps joined by spaces."""
+        traces = [[int(c) for c in z] for z in codes]
+        if self.step_codes is None:
+            texts = self.decoder.decode(traces)
+            if len(texts) != len(traces):
+                raise ValueError(f"decoder returned {len(texts)} texts for {len(traces)} traces")
+            return texts
+        steps = [cut_steps(z, self.step_codes) for z in traces]
+        flat = [g for gs in steps for g in gs]
+        texts = self.decoder.decode(flat)
+        if len(texts) != len(flat):
+            raise ValueError(f"decoder returned {len(texts)} texts for {len(flat)} steps")
+        read = iter(texts)
+        return [" ".join(next(read) for _ in gs) for gs in steps]
 
     def vocab_mask(self) -> np.ndarray:
         """Bool [evaluator vocab]: known text ids; latent boundaries and latent rows never."""
@@ -163,9 +191,7 @@ class ProcessReward:
         reward = np.zeros((len(codes),), np.float32)
         if not rows:
             return reward
-        cots = self.decoder.decode([list(map(int, codes[i])) for i in rows])
-        if len(cots) != len(rows):
-            raise ValueError(f"decoder returned {len(cots)} texts for {len(rows)} traces")
+        cots = self.read([codes[i] for i in rows])
         answers = self.answers([questions[i] for i in rows], cots)
         for i, a in zip(rows, answers, strict=True):
             reward[i] = float(is_correct(a, golds[i], benchmark))

@@ -7,6 +7,7 @@ The layout of the workdir is `dlr_jax.run.workdir`'s; a finished stage hands its
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ from dlr_jax.config.model import RUN_MODEL_KEYS as RUN_MODEL_KEYS  # public here
 from dlr_jax.core.files import write_text_atomic
 from dlr_jax.core.sharding import create_sharded, mesh_from_config
 from dlr_jax.data.records import Example
-from dlr_jax.data.sources import load_examples
+from dlr_jax.data.sources import load_examples, rl_split_for
 from dlr_jax.models.hf_config import ConversionError, model_config_from_hf
 from dlr_jax.run.preflight import check_lengths
 from dlr_jax.run.workdir import recordable, stage_dir
 from dlr_jax.text.tokens import TOKENIZER_FILE, Tokenizer, train_bpe
+from dlr_jax.training.reduction import check_reduction, count_examples
 
 
 def prepare_workdir(cfg: Config, workdir: str | Path, train: list[Example] | None = None) -> Path:
@@ -36,7 +38,7 @@ def prepare_workdir(cfg: Config, workdir: str | Path, train: list[Example] | Non
     if train is not None:
         from dlr_jax.data.protocol import rl_count
 
-        rl_count(len(train), cfg.data.rl_split)
+        rl_count(len(train), rl_split_for(cfg, train)[0])
     w = Path(workdir)
     w.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:  # one writer; every process holds the same cfg
@@ -131,12 +133,16 @@ def get_tokenizer(cfg: Config, workdir: str | Path, train_examples: list[Example
     return tok
 
 
+_SAID: set[tuple[str, str]] = set()  # (workdir, what) of the notes stage_examples gives once a process
+
+
 def stage_examples(
     cfg: Config, workdir: str | Path, part: str, tok: Tokenizer, train: list[Example] | None = None
 ) -> list[Example]:
     """The training examples of `part` ("sft" for textsft / sft, "rl" for rl, "all" = both parts; align reads
     data.align_part) under the data protocol (dlr_jax/data/protocol.py): CoTs longer than data.max_cot_tokens
-    left out (counted), then the deterministic SFT/RL split by data.rl_split. Recorded in
+    left out (counted), then the deterministic SFT/RL split by data.rl_split (a count for the full release, on
+    the subset read in its place: the same fraction, `data.sources.rl_split_for`). Recorded in
     <workdir>/data_protocol.json."""
     from dlr_jax.data import protocol
 
@@ -148,7 +154,14 @@ def stage_examples(
     if dropped:
         print(f"[data] {dropped} of {len(train)} examples have a CoT over data.max_cot_tokens={d.max_cot_tokens} "
               "tokens: left out", flush=True)
-    parts = protocol.split_sft_rl(kept, d.rl_split, d.split_seed)
+    rl_split, scaled = rl_split_for(cfg, train)
+    parts = protocol.split_sft_rl(kept, rl_split, d.split_seed)
+    if scaled and (said := (str(workdir), "rl_split_scaled")) not in _SAID:  # once, not once a textsft mode
+        _SAID.add(said)
+        print(f"warning: data.rl_split={scaled['configured']:,} is a count of {d.dataset}:{d.train_split}'s "
+              f"{scaled['of_full']:,} examples, but {scaled['read']} was read in its place: RL holds out the same "
+              f"fraction ({scaled['fraction']:.2%}), {len(parts['rl']):,} of {len(kept):,} examples "
+              "(recorded in data_protocol.json as rl_split_scaled)", file=sys.stderr, flush=True)
     info = {
         "dataset": d.dataset, "train_split": d.train_split, "examples": len(train),
         "max_cot_tokens": d.max_cot_tokens, "dropped_long_cot": dropped,
@@ -157,6 +170,7 @@ def stage_examples(
         **{f"{p}_ids_sha256": protocol.ids_digest(parts[p]) for p in protocol.PARTS},
         # only when it is not the default, so workdirs recorded before the key existed still match
         **({"align_part": d.align_part} if d.align_part != "sft" else {}),
+        **({"rl_split_scaled": scaled} if scaled else {}),  # the full data never has one
     }
     protocol.record(workdir, info, write=jax.process_index() == 0)  # a changed split stops every process
     return kept if part == "all" else parts[part]
@@ -265,25 +279,31 @@ def new_backbone(cfg: Config, tok: Tokenizer, mesh: Mesh):
 
 
 def lm_loss(model: nnx.Module, batch: dict[str, jax.Array], rng: jax.Array, vocab_mask: Any = None,
-            chunk: int | None = None):
-    """Next-token cross-entropy on `loss_mask` targets: returns (sum, #targets, metric sums).
+            chunk: int | None = None, reduction: str = "mean"):
+    """Next-token cross-entropy on `loss_mask` targets: returns (Σ NLL, weight, metric sums).
 
     batch: tokens/loss_mask/segment_ids/positions, all [b, t]; loss_mask[t] = 1 marks token t as a
     target predicted from tokens < t within the same segment. chunk: positions per logits chunk
-    (`models.vocab_chunks.token_stats`; None = from its memory budget).
+    (`models.vocab_chunks.token_stats`; None = from its memory budget). reduction
+    (`TrainConfig.loss_reduction`): the weight the trainer divides by is the number of targets (mean: CE per
+    token) or of examples with a target (sum: each example's CE summed over its tokens, averaged over the
+    examples; an example is a segment of a packed row). Metrics: ce and token_accuracy per token, whichever.
     """
     from dlr_jax.models.vocab_chunks import next_token_stats
 
     del rng
+    check_reduction(reduction)
     tokens, seg = batch["tokens"], batch["segment_ids"]
     # Over sequence chunks (models/vocab_chunks.py): no [b, t, vocab] fp32 logits at scale.
     stats = next_token_stats(model, tokens, {"positions": batch["positions"], "segment_ids": seg},
                              vocab_mask=vocab_mask, fill=-1e9, chunk=chunk)
     mask = (batch["loss_mask"][:, 1:] > 0) & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
+    ntok = jnp.sum(mask.astype(jnp.float32))
+    weight = ntok if reduction == "mean" else count_examples(mask, seg[:, 1:])
     mask = mask.astype(jnp.float32)
     nll, correct = -stats.logp, stats.correct
     total = jnp.sum(nll * mask)
-    return total, jnp.sum(mask), {"token_accuracy": jnp.sum(correct * mask)}
+    return total, weight, {"ce": total, "token_accuracy": jnp.sum(correct * mask), "tokens": ntok}
 
 
 def count_params(model: nnx.Module) -> int:

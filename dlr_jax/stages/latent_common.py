@@ -98,14 +98,15 @@ def local_batch(batch_size: int) -> int:
 
 
 def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model, *, num_steps: int | None = None,
-                       branch: Any = None):
+                       branch: Any = None, curriculum: Any = None):
     """The align / sft recipe: data with latent ids -> the stage's trainable filter -> Trainer ->
     `<workdir>/<stage>/final`. `make_model(cfg, workdir, tok, mesh)` gives the starting LatentLM.
 
     `branch` (stage sft's dual branch, `dlr_jax.stages.sft.DualBranch`) extends the recipe:
     `data_kwargs()` adds batch fields, `wrap(lm, trainable, mesh, rules)` gives the trained model,
     its loss and filter, `finish(model, step)` saves its extra outputs and returns the LatentLM that
-    is saved and returned as usual."""
+    is saved and returned as usual. `curriculum` (stage sft's latent curriculum, `data.curriculum.Curriculum`)
+    mixes latent and text steps in the rows; it learns the stage's length once the schedule is resolved."""
     import dataclasses
     import functools
 
@@ -125,12 +126,13 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     data = make_stage_dataset(
         stage, train, tok, batch_size=local_batch(tcfg.batch_size), max_len=cfg.data.max_len,
         seed=cfg.run.seed, latents=latents, pack=cfg.data.pack, num_workers=cfg.data.num_workers,
-        vocab_size=model.vocab_size, **(branch.data_kwargs() if branch is not None else {}),
+        vocab_size=model.vocab_size, curriculum=curriculum, **(branch.data_kwargs() if branch is not None else {}),
     )
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None)
+    data = data.schedule_curriculum(tcfg.num_steps)
     common.describe_rows(stage, data)
-    loss = functools.partial(common.lm_loss, vocab_mask=model.vocab_mask())
+    loss = functools.partial(common.lm_loss, vocab_mask=model.vocab_mask(), reduction=tcfg.loss_reduction)
     trainable = filter_for_stage(stage, model.latent_cfg)
     if branch is not None:
         model, loss, trainable = branch.wrap(model, trainable, mesh, cfg.mesh.rules)

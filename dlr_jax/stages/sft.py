@@ -6,8 +6,10 @@ Dual branch (`dlr_jax.models.dual_branch`): with `latent.dual_branch` on (auto: 
 in parallel to reconstruct the CoT y from sg(E_lat(z)); the stop-gradient isolates it from the LM.
 Batches then carry `ocr_targets` / `ocr_codes` / `ocr_code_mask` (`data.pipeline`, unpacked rows
 only). The loss is the LM's token-mean CE plus latent.dual_branch_weight times the decoder's
-char-mean CE (`dual_branch_loss`); metrics add lm_ce, ocr_ce and ocr_char_accuracy. The decoder
-uses the codebook stage's input-character dropout (codebook.char_dropout) and sft's optimizer.
+char-mean CE (`dual_branch_loss`; under train.sft.loss_reduction=sum, the paper's, both CEs are sums
+over each example's tokens / characters, averaged over examples); metrics add lm_ce, ocr_ce and
+ocr_char_accuracy. The decoder uses the codebook stage's input-character dropout (codebook.char_dropout)
+and sft's optimizer.
 
 On a DeepSeek-OCR-2 codebook (codebook.init_from) the branch is D_ocr = the fine-tuned OCR-2 MoE decoder
 (`models/ocr2_branch.py`): it reads sg(E_lat(z)) through a learned linear map to the VQ width (the LM's width
@@ -21,6 +23,13 @@ Outputs: <workdir>/sft/final (the latent LM, as without the branch) and, with th
 trained decoder with the rows it reads for every code (from the final E_lat(k)) frozen in.
 `codebook.models.load_decoder` (and so RL's process reward and `interpret`) prefers it over the codebook
 stage's decoder.
+
+Latent curriculum (`latent.curriculum`, ours; off in the paper's recipe): rows write the first k of the CoT's
+steps as latents and the rest as text, `[x ; <latent> z_1..z_k </latent> y_k+1..S <answer> a </answer>]`, k
+growing stage by stage (stagewise) or drawn per example (random); `data.curriculum`. With the dual branch the
+decoder reads back the k latent steps only (a row with k = 0 adds no OCR loss). Under codebook.render_unit=step
+the decoder reads one latent step a row (its codes -> its text, as the codebook trained it), drawn per example
+and epoch (`data.pipeline`).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from jax.sharding import Mesh
 
 from dlr_jax.config import Config, ConfigError
 from dlr_jax.core.files import MissingStageError, write_text_atomic
+from dlr_jax.data.curriculum import Curriculum
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
 from dlr_jax.models.ocr2_branch import Ocr2Branch, ocr2_branch_from_codebook_model
@@ -90,20 +100,26 @@ def ocr_terms(model: DualBranchLM, batch: dict, rng: jax.Array, *, dropout: floa
 
 
 def dual_branch_loss(model: DualBranchLM, batch: dict, rng: jax.Array, *, vocab_mask: Any = None,
-                     weight: float = 1.0, dropout: float = 0.0):
-    """LM token-mean CE + weight * OCR char-mean CE in the trainer's (sum, count) form.
+                     weight: float = 1.0, dropout: float = 0.0, reduction: str = "mean"):
+    """The LM's CE + weight * the OCR decoder's CE in the trainer's (sum, count) form.
 
-    The count stays the LM's n_lm and the OCR mean is scaled by it: loss_sum = S_lm + weight *
-    n_lm * S_ocr / n_ocr, so Σ loss_sum / Σ n_lm = S_lm / n_lm + weight * S_ocr / n_ocr exactly for
-    one micro-batch; with grad_accum > 1 the OCR term is the n_lm-weighted mean of the micro-batches'
-    char means (the LM term stays the exact global token mean). Metrics use the same scaling, so the
-    logged lm_ce / ocr_ce / ocr_char_accuracy are per token / per char and loss = lm_ce + weight * ocr_ce.
+    reduction "sum" (the paper's): each example's LM CE summed over its tokens plus weight times its OCR CE
+    summed over its characters, averaged over the examples (rows: the branch needs unpacked rows); exact under
+    gradient accumulation. "mean": LM token-mean CE + weight * OCR char-mean CE. The count stays the LM's n_lm
+    and the OCR mean is scaled by it: loss_sum = S_lm + weight * n_lm * S_ocr / n_ocr, so Σ loss_sum / Σ n_lm
+    = S_lm / n_lm + weight * S_ocr / n_ocr exactly for one micro-batch; with grad_accum > 1 the OCR term is the
+    n_lm-weighted mean of the micro-batches' char means (the LM term stays the exact global token mean).
+    Metrics, either way, are divided by the LM's tokens: the logged lm_ce / ocr_ce / ocr_char_accuracy are per
+    token / per char (under mean, loss = lm_ce + weight * ocr_ce).
     """
-    s_lm, n_lm, metrics = common.lm_loss(model.lm, batch, rng, vocab_mask=vocab_mask)
+    s_lm, w_lm, metrics = common.lm_loss(model.lm, batch, rng, vocab_mask=vocab_mask, reduction=reduction)
+    n_lm = metrics["tokens"]
     s_ocr, n_ocr, correct = ocr_terms(model, batch, rng, dropout=dropout)
     scale = n_lm / jnp.maximum(n_ocr, 1.0)  # n_lm, n_ocr come from masks: constants for the gradient
-    metrics = metrics | {"lm_ce": s_lm, "ocr_ce": scale * s_ocr, "ocr_char_accuracy": scale * correct}
-    return s_lm + weight * scale * s_ocr, n_lm, metrics
+    metrics = {k: v for k, v in metrics.items() if k != "ce"}  # it is lm_ce here
+    metrics |= {"lm_ce": s_lm, "ocr_ce": scale * s_ocr, "ocr_char_accuracy": scale * correct}
+    ocr = s_ocr if reduction == "sum" else scale * s_ocr
+    return s_lm + weight * ocr, w_lm, metrics
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,6 +135,8 @@ class DualBranch:
     weight: float
     dropout: float
     view: str = "cot"  # codebook.render_view: what the decoder was trained to read back
+    reduction: str = "mean"  # train.sft.loss_reduction
+    unit: str = "chain"  # codebook.render_unit: step reads back one latent step a row (data.pipeline)
 
     @property
     def ocr2(self) -> bool:
@@ -126,6 +144,8 @@ class DualBranch:
 
     def data_kwargs(self) -> dict[str, Any]:
         out = {"ocr_text_len": self.decoder_cfg.max_text_len, "ocr_view": self.view}
+        if self.unit != "chain":
+            out["ocr_unit"] = self.unit
         if self.ocr2:  # targets in the checkpoint's tokens, as the codebook stage trained the decoder
             from dlr_jax.stages.codebook.ocr2 import OcrTokenEncoder
 
@@ -137,7 +157,7 @@ class DualBranch:
         build = ocr2_branch_from_codebook_model if self.ocr2 else branch_from_codebook_model
         ocr = build(load_codebook_model(self.workdir, mesh), lm, mesh=mesh, rules=rules)
         loss = functools.partial(dual_branch_loss, vocab_mask=lm.vocab_mask(), weight=self.weight,
-                                 dropout=self.dropout)
+                                 dropout=self.dropout, reduction=self.reduction)
         return DualBranchLM(lm, ocr), loss, nnx.Any(trainable, OCR_PARAMS)
 
     def finish(self, model: DualBranchLM, step: int):
@@ -189,7 +209,7 @@ def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:
     model = read_meta(cb_dir)["model"]
     dcfg = Ocr2CodebookConfig.from_dict(model) if kind == "ocr2" else CodebookModelConfig.from_dict(model)
     return DualBranch(Path(workdir), dcfg, float(cfg.latent.dual_branch_weight), float(cfg.codebook.char_dropout),
-                      cfg.codebook.render_view)
+                      cfg.codebook.render_view, cfg.train.sft.loss_reduction, cfg.codebook.render_unit)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,4 +252,11 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> Tr
     if branch is not None:
         print(f"[sft] dual branch on: OCR decoder from {final_dir(workdir, 'codebook')}, "
               f"weight {branch.weight}; writes {decoder_dir(workdir)}", flush=True)
-    return train_latent_stage(cfg, workdir, STAGE, _from_align, num_steps=num_steps, branch=branch)
+    curriculum = Curriculum.from_config(cfg.latent, cfg.run.seed)
+    if curriculum is not None:
+        what = (f"k + 1 every {curriculum.stage_fraction:g} of the steps, the last of {curriculum.num_stages} stages "
+                "all latent" if curriculum.mode == "stagewise" else "k drawn per example and epoch")
+        print(f"[sft] latent curriculum {curriculum.mode}: the first k steps latent, the rest text ({what}; "
+              f"k >= min({curriculum.k_min}, S))", flush=True)
+    return train_latent_stage(cfg, workdir, STAGE, _from_align, num_steps=num_steps, branch=branch,
+                              curriculum=curriculum)

@@ -65,7 +65,8 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
     common.describe_rows(stage, data)
     print(f"[{stage}] {common.count_params(model):,} params, {data.examples:,} of {len(train):,} examples "
           f"(those that fit data.max_len={cfg.data.max_len})", flush=True)
-    loss = functools.partial(common.lm_loss, vocab_mask=tok.vocab_padding_mask()[: tok.text_vocab_size])
+    loss = functools.partial(common.lm_loss, vocab_mask=tok.vocab_padding_mask()[: tok.text_vocab_size],
+                             reduction=tcfg.loss_reduction)
     trainer = Trainer(
         model, loss, tcfg, stage_dir(workdir, stage), mesh=mesh, rules=cfg.mesh.rules, name=stage
     )

@@ -272,7 +272,12 @@ def is_correct(prediction: str | None, gold: str, benchmark: str) -> bool:
 
 
 def answer_reward(texts: Sequence[str], golds: Sequence[str], benchmark: str) -> np.ndarray:
-    """R_ans: ``[B]`` float32, 1.0 where ``is_correct(extract_answer(text), gold, benchmark)``."""
+    """R_ans: ``[B]`` float32, 1.0 where ``is_correct(extract_answer(text), gold, benchmark)``.
+
+    Our reading: R_ans is the answer's correctness, and the paper gives no rule for a rollout without an
+    ``<answer>`` span; here ``extract_answer``'s fallbacks (a boxed answer, a marker, the last number) still
+    score one, while R_fmt pays for the span. Evaluation reads the span only unless
+    ``eval.answer_fallback: last_number`` (dlr_jax/eval/scoring.py ``read_answer``)."""
     if len(texts) != len(golds):
         raise ValueError(f"answer_reward got {len(texts)} texts but {len(golds)} golds")
     if benchmark.lower() not in KNOWN_BENCHMARKS:

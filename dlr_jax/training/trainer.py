@@ -10,7 +10,9 @@ Loss contract: `loss_fn(model, batch, rng) -> (loss_sum, weight, metrics)` where
 *sum* over tokens (or sequences) and `weight` the matching count. The optimised loss is
 `Σ loss_sum / Σ weight` over all micro-batches of a step, so gradient accumulation gives exactly
 the gradient of the full batch, whatever the padding per micro-batch. `metrics` values are sums
-too and are divided by the total weight for logging.
+too and are divided by the total weight for logging, or by the total of `metrics["tokens"]` where a loss
+gives it: a loss normalised per example (`TrainConfig.loss_reduction` = sum: weight = #examples) still logs
+per-token means, and `tokens` (the step's total) and `tokens_per_s` count tokens, not examples.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dlr_jax.run.preflight import check_train_config
 from dlr_jax.training.optimizer import make_optimizer, opt_state_shardings
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, jax.Array, dict]]
+TOKENS = "tokens"  # the metric a loss may give: its token count, the denominator of the logged metric means
 
 
 class TrainingDiverged(RuntimeError):
@@ -122,7 +125,11 @@ def build_step_fn(graphdef: nnx.GraphDef, loss_fn: LossFn, tx: optax.GradientTra
         grads = jax.tree.map(lambda g: g / denom, grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        out = {k: v / denom for k, v in metrics.items()}
+        tokens = metrics.pop(TOKENS, None)
+        m_denom = denom if tokens is None else jnp.maximum(tokens, 1.0)
+        out = {k: v / m_denom for k, v in metrics.items()}
+        if tokens is not None:
+            out[TOKENS] = tokens
         out |= {
             "loss": loss_sum / denom,
             "weight": weight,
@@ -414,7 +421,7 @@ class Trainer:
                                 f"{self.dir / 'checkpoints' / str(last) if last is not None else 'none'}. "
                                 "Lower the learning rate or check the data."
                             )
-                        w_last += metrics["weight"]
+                        w_last += metrics.get(TOKENS, metrics["weight"])
                         metrics["step"] = step
                         history.append(metrics)
                     pending.clear()

@@ -21,3 +21,14 @@ def test_rows_show_where_the_rollout_decodes_and_failures_stay_visible():
     assert "| 1,8,1 |" in rows[1]  # a training step runs on the training mesh
     assert "error: CompileTimeHbmOom" in rows[2]
     assert "Command: `cmd` (here)" in text
+
+
+def test_rows_of_another_run_name_their_own_command():
+    # the TPU rows compile in libtpu's own environment and another config's rows with other stages: one table,
+    # each run's command and machine beside the rows it made
+    ocr2 = ROW | {"config": "qwen3-4b-ocr2", "stage": "codebook", "command": "cmd2 --set x=1", "machine": "there"}
+    text = table([ROW, ocr2, ocr2 | {"device": "tpu-v5p", "command": "cmd3", "machine": "tpu venv"}],
+                 command="cmd", machine="here")
+    assert "Command: `cmd` (here); rows of qwen3-4b-ocr2: `cmd2 --set x=1` (there); rows of qwen3-4b-ocr2: " \
+           "`cmd3` (tpu venv). Memory" in text
+    assert table([ocr2], command="cmd", machine="here").count("`cmd2 --set x=1` (there). Memory") == 1

@@ -69,6 +69,21 @@ def test_sampling_unstack_layers_takes_auto_on_off():
         apply_overrides(Config(), ["sampling.unstack_layers=fast"])
 
 
+def test_latent_curriculum_is_a_named_key_off_in_the_paper_configs():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    for f in [*sorted((root / "paper").glob("*.yaml")), *sorted(root.glob("qwen3-4b*.yaml"))]:
+        assert load_config(f).latent.curriculum == "off", f
+    cfg = apply_overrides(Config(), ["latent.curriculum=stagewise", "latent.curriculum_stages=0.2"])
+    assert (cfg.latent.curriculum, cfg.latent.curriculum_stages) == ("stagewise", 0.2)
+    assert apply_overrides(cfg, ["latent.curriculum=off"]).latent.curriculum == "off"
+    with pytest.raises(ConfigError, match=r"latent\.curriculum must be one of off\|stagewise\|random"):
+        apply_overrides(Config(), ["latent.curriculum=always"])
+    with pytest.raises(ConfigError, match=r"latent\.curriculum_stages must be in \(0, 1\]"):
+        apply_overrides(Config(), ["latent.curriculum_stages=0"])
+
+
 def test_every_shipped_config_loads():
     from pathlib import Path
 
@@ -101,3 +116,14 @@ def test_an_unreadable_or_invalid_config_is_one_line_naming_file_and_line(tmp_pa
     (tmp_path / "binary.yaml").write_bytes(b"model: \xff\xfe\n")
     with pytest.raises(ConfigError, match="binary.yaml: cannot read this config: UnicodeDecodeError"):
         load_config(tmp_path / "binary.yaml")
+
+
+def test_loss_reduction_is_checked_and_defaults_to_the_mean():
+    """mean by default (the CPU configs keep their numbers); the paper's sums are set by configs/paper/*.yaml."""
+    cfg = apply_overrides(Config(), ["codebook.train.loss_reduction=sum", "train.sft.loss_reduction=sum"])
+    assert (cfg.codebook.train.loss_reduction, cfg.train.sft.loss_reduction) == ("sum", "sum")
+    assert Config().train.align.loss_reduction == Config().codebook.train.loss_reduction == "mean"
+    with pytest.raises(ConfigError, match="loss_reduction must be one of mean|sum, got 'token'"):
+        apply_overrides(Config(), ["train.align.loss_reduction=token"])
+    with pytest.raises(ConfigError, match="train.rl.loss_reduction must stay mean.*rl.loss_agg_mode"):
+        apply_overrides(Config(), ["train.rl.loss_reduction=sum"])

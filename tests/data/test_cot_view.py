@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from dlr_jax.config import load_config
-from dlr_jax.data.cot_view import cot_view, step_results
+from dlr_jax.data.cot_view import cot_view, render_texts, step_results, step_views
 from dlr_jax.data.latents import LatentTable
 from dlr_jax.data.pipeline import make_items, ocr_fields
 from dlr_jax.data.records import Example
-from dlr_jax.data.sources import corpus_texts, load_examples
+from dlr_jax.data.sources import corpus, corpus_texts, load_examples
 from dlr_jax.text.ocr_text import VOCAB
+from dlr_jax.text.steps import split_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTH = ["data.synthetic_train=30", "data.synthetic_eval=8"]
@@ -47,6 +48,27 @@ def test_corpus_texts_follow_the_view():
     assert sum(map(len, short)) < sum(map(len, full)) / 3  # the point of the view: far fewer glyphs
     held = corpus_texts(cfg, held_out=True)
     assert len(held) == 8 and all("<<" not in t for t in held)
+
+
+def test_step_views_are_each_step_under_the_view():
+    natural = ("Ben buys 9 more marbles, so Ben has 10 + 9 = <<10+9=19>>19 marbles. Ben gives away 3 marbles, so "
+               "Ben has 19 - 3 = <<19-3=16>>16 marbles left. So Ben has 16 marbles at the end.")
+    assert step_views(natural, "cot") == split_steps(natural) and len(split_steps(natural)) == 3
+    assert step_views(natural, "results") == ["19", "16"]  # the closing sentence holds no result: not rendered
+    assert render_texts(natural, "results", "chain") == ["19 16"]
+    assert render_texts(" ", "cot", "step") == [" "]  # a blank CoT is one (blank) canvas, as a chain's is
+    with pytest.raises(ValueError, match="example 'q7'.*no calculator step"):
+        step_views("Add them. Then 12.", "results", example_id="q7")
+
+
+def test_corpus_texts_are_the_steps_under_render_unit_step():
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*SYNTH, "data.synthetic_cot_style=natural",
+                                                        "codebook.render_unit=step"])
+    texts, info = corpus(cfg)
+    examples = load_examples(cfg, cfg.data.train_split)
+    assert texts == [s for ex in examples for s in split_steps(ex.cot)] and len(texts) > 2 * len(examples)
+    assert info["render_unit"] == "step" and info["cots"] == 30 and info["texts"] == len(texts)
+    assert "render_unit" not in corpus(load_config(ROOT / "configs" / "tiny.yaml", SYNTH))[1]  # the paper's record
 
 
 def test_dual_branch_targets_are_the_rendered_view():

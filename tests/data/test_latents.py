@@ -14,6 +14,7 @@ from dlr_jax.data.latents import (
 )
 from dlr_jax.data.records import DataFormatError, Example
 from dlr_jax.data.synthetic import generate
+from dlr_jax.text.steps import split_steps
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,10 @@ def test_minimal_records_without_source_fields(tmp_path):
         ('{"id": "a", "latents": [1]}', "duplicate id 'a' \\(first on line 1\\)"),
         ('{"id": "c", "latents": [1], "question": "q"}', "missing field 'answer'"),
         ('{"id": "c", "latents": [1], "question": "q", "answer": "1", "extra": 3}', "'extra' should be"),
+        ('{"id": "c", "latents": [1, 2, 3], "steps": [1, 1]}', "'steps' \\[1, 1\\] sum to 2 but 'latents' has 3"),
+        ('{"id": "c", "latents": [1, 2], "steps": [2, 0]}', "'steps' should be a non-empty list of positive ints"),
+        ('{"id": "c", "latents": [1, 2], "steps": []}', "'steps' should be a non-empty list of positive ints"),
+        ('{"id": "c", "latents": [1, 2], "steps": 2}', "field 'steps' should be a list of ints"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, bad, message):
@@ -129,3 +134,44 @@ def test_table_validation(examples):
     t = LatentTable({"a": [1], "b": [2, 3]})
     assert t.missing([Example("a", "q", "", "1", "s"), Example("z", "q", "", "1", "s")]) == ["z"]
     assert "2 ids" in repr(t)
+
+
+def test_steps_round_trip_and_default_to_one_step(tmp_path, examples):
+    table = random_latents(examples[:3], num_codes=100, seed=3)
+    steps = {examples[0].id: [1] * len(table[examples[0].id]), examples[1].id: [len(table[examples[1].id]) - 1, 1]}
+    path = write_latents(tmp_path / "s.jsonl", examples[:3], table, steps)
+    back = read_latents(path, num_codes=100)
+    assert dict(back) == dict(table)
+    assert back.step_counts(examples[0].id) == tuple(steps[examples[0].id])
+    assert back.step_counts(examples[1].id) == tuple(steps[examples[1].id])
+    assert back.step_counts(examples[2].id) == (len(table[examples[2].id]),)  # no "steps": one step of n codes
+    assert "steps" not in json.loads(path.read_text().splitlines()[2])
+    with pytest.raises(KeyError, match="no latents for example id 'zz'"):
+        back.step_counts("zz")
+    with pytest.raises(ValueError, match="sum to 1 but 'latents' has 2"):
+        write_latents(tmp_path / "t.jsonl", examples[:1], {examples[0].id: [1, 2]}, {examples[0].id: [1]})
+    with pytest.raises(ValueError, match="example 'a': 'steps' \\[3\\] sum to 3 but 'latents' has 2"):
+        LatentTable({"a": [1, 2]}, steps={"a": [3]})
+    with pytest.raises(ValueError, match="step counts for an example without latents"):
+        LatentTable({"a": [1, 2]}, steps={"b": [2]})
+
+
+def test_step_result_latents_are_one_step_a_code_where_the_cot_steps_pair_up():
+    from dlr_jax.data.curriculum import split_cot, step_counts
+    from dlr_jax.data.synthetic import SyntheticConfig
+
+    chain = Example("c/1", "q", "<<10+9=19>> <<19-3=16>> <<16*6=96>>", "96", "synthetic")
+    # a natural chain whose sentences are its calculator steps one to one pairs up too
+    paired = Example("c/2", "q", "He has 10 + 9 = <<10+9=19>>19. Then 19 - 3 = <<19-3=16>>16.", "16", "gsm8k")
+    # the synthetic natural style ends on a sentence without a calculator step: 4 text steps, 3 codes
+    natural = generate(2, seed=0, config=SyntheticConfig(cot_style="natural"))[1]
+    t = step_result_latents([chain, paired, natural], 512)
+    assert t.step_counts("c/1") == (1, 1, 1) and t.step_counts("c/2") == (1, 1)
+    assert len(split_steps(natural.cot)) == 4 and t.step_counts(natural.id) == (3,)  # one step of its 3 codes
+    # the curriculum cuts each CoT where its codes are cut: code i with the text step that holds result i
+    assert split_cot(chain.cot, len(step_counts(t, "c/1")), 1) == ("<<10+9=19>>", "<<19-3=16>> <<16*6=96>>")
+    assert split_cot(paired.cot, 2, 1)[0].endswith("<<10+9=19>>19.")
+    synth = generate(30, seed=1)  # the synthetic default style: equations, S = its calculator steps
+    s = step_result_latents(synth, 512)
+    assert [s.step_counts(ex.id) for ex in synth] == [(1,) * len(split_steps(ex.cot)) for ex in synth]
+    assert {len(s.step_counts(ex.id)) for ex in synth} >= {1, 2}

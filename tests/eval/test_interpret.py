@@ -95,3 +95,41 @@ def test_the_demo_ends_with_a_report_of_its_latents(workdir, capsys):
     rows = [json.loads(line) for line in html.with_suffix(".jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["latent_codes"] is not None and "decoded_cot" in r for r in rows)
     assert "report.html" in capsys.readouterr().out
+
+
+def test_a_step_codebook_shows_each_steps_image_codes_and_reading(workdir, tmp_path):
+    """codebook.render_unit=step: the gold CoT's steps in order, and generated latents read one step at a time."""
+    from dlr_jax.data.records import Example
+    from dlr_jax.data.synthetic import SyntheticConfig, generate
+    from dlr_jax.stages.codebook.models import load_decoder
+    from dlr_jax.text.steps import split_steps
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml",  # 128 px canvases: 4 codes a step
+                      [*MICRO, "codebook.render_unit=step", "codebook.eval_batch_size=8"])
+    examples = [*generate(2, seed=1, config=SyntheticConfig(cot_style="natural")),
+                Example(f"{interpret.GOLDLESS}/0", "What is 3 plus 4?", "", "0", interpret.GOLDLESS)]
+    decoder = load_decoder(workdir)
+    panels = interpret.step_panels(cfg, workdir, examples, decoder)
+    assert panels[2] is None  # no gold, no steps
+    for ex, steps in zip(examples[:2], panels[:2], strict=True):
+        assert [st["text"] for st in steps] == split_steps(ex.cot) and len(steps) >= 2
+        assert all(len(st["codes"]) == 4 and st["image"].startswith("data:image/png;base64,") for st in steps)
+        assert [st["decoded"] for st in steps] == decoder.decode([st["codes"] for st in steps])
+    generated = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]]
+    read = interpret.latent_steps(generated, cfg.codebook, decoder)
+    assert [[st["codes"] for st in r] for r in read] == [[[1, 2, 3, 4], [5, 6, 7, 8]], [[9, 10, 11]]]
+    assert [st["decoded"] for st in read[0]] == decoder.decode([[1, 2, 3, 4], [5, 6, 7, 8]])
+    mixed = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.min_side=64"]).codebook
+    assert interpret.latent_steps(generated, mixed, decoder) == [None, None]  # 1 or 4 codes a step: no cut
+
+    row = {"id": "s/1", "question": "q", "gold_cot": examples[0].cot, "gold_answer": "1", "gold_image": None,
+           "latent_codes": generated[0], "n_latents": 8, "decoded_cot": "", "prediction": "", "answer": "1",
+           "correct": True, "steps": panels[0], "latent_steps": read[0]}
+    page, lines = interpret.write_report([row], tmp_path / "s.html", title="t")
+    text = page.read_text()
+    assert text.count('class="stepcard"') == len(panels[0]) == text.count("<img")
+    assert text.index(panels[0][0]["image"]) < text.index(panels[0][1]["image"])  # in order
+    assert text.count('class="step"') == 2 and "read step by step" in text
+    saved = json.loads(lines.read_text())
+    assert [st["codes"] for st in saved["steps"]] == [st["codes"] for st in panels[0]]
+    assert all("image" not in st for st in saved["steps"])

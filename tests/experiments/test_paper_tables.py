@@ -1,6 +1,7 @@
-"""The paper's tables as experiments: `stages` (-Align, -SFT, -RL, -Proc, Full), `k_sweep` on the paper's grid and
-`decoding` with its forced stops; their full-scale commands (--dry-run), their tables in the paper's layout (from
-results files, with the paper's column), and one slow run of all three on a micro config."""
+"""The paper's tables as experiments: `stages` (-Align, -SFT, -RL, -Proc, Full), `k_sweep` on the paper's grid,
+`decoding` with its forced stops and `encoder` (DeepEncoder V2 vs Qwen3-VL's tower, each at two font sizes); their
+full-scale commands (--dry-run), their tables in the paper's layout (from results files, with the paper's column),
+and one slow run of the first three on a micro config."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from dlr_jax.config import load_config
 from dlr_jax.experiments import main as cli_main
 from dlr_jax.experiments import paper_numbers, plots, report
-from dlr_jax.experiments.plan import STAGE_ROWS, experiment
+from dlr_jax.experiments.plan import ENCODER_FROM_PLACEHOLDER, STAGE_ROWS, experiment, half_font_overrides
 from dlr_jax.run.preflight import check_rates
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +115,103 @@ def test_k_sweep_and_decoding_tables_draw_their_plots(tmp_path):
         assert len(res["paper_layout"]["rows"]) == 5 and res["paper_layout"]["benchmarks"] == ["synthetic"]
         made = plots.write_plots(res, tmp_path / name / "out")
         assert png in [p.name for p in made]
+
+
+ENCODER_ROWS = ["DeepEncoder V2", "DeepEncoder V2, half font", "Qwen3-VL ViT", "Qwen3-VL ViT, half font"]
+
+
+def _hf_dir(path: Path, model_type: str) -> str:
+    """A checkpoint directory as far as the planner reads one: its config.json's model_type."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return str(path)
+
+
+def test_encoder_table_plans_four_rows_each_with_its_own_codebook(tmp_path):
+    cfg = load_config(TINY, ["latent.source=codebook"])
+    exp = experiment("encoder", cfg)
+    assert [m.label for m in exp.methods] == ENCODER_ROWS and exp.full == "DeepEncoder V2" and not exp.needs
+    assert [(m.variant, m.stage) for m in exp.methods] == [("main", "rl"), ("half_font", "rl"), ("qwen3_vl", "rl"),
+                                                           ("qwen3_vl_half_font", "rl")]
+    v = {x.name: x for x in exp.variants}
+    # DeepEncoder V2 at half font is the half_font experiment's variant: one workdir serves both tables
+    assert v["half_font"] == next(x for x in experiment("half_font", cfg).variants if x.name == "half_font")
+    assert v["qwen3_vl"].overrides == ("codebook.encoder=qwen3_vl",)  # no checkpoint here: a from-scratch tower
+    assert v["qwen3_vl_half_font"].overrides == ("codebook.encoder=qwen3_vl", *half_font_overrides(cfg))
+    for name in ("half_font", "qwen3_vl", "qwen3_vl_half_font"):
+        assert v[name].runs == ("codebook", "export", "align", "sft", "rl") and v[name].reuse == ("textsft",)
+    # the full-scale backbone lends its own tower when init_from is a qwen3_vl checkpoint
+    vl = _hf_dir(tmp_path / "vl", "qwen3_vl")
+    paper = experiment("encoder", load_config(VL, [f"init_from={vl}"]))
+    assert not paper.needs and {x.name: x.overrides for x in paper.variants}["qwen3_vl"] == (
+        "codebook.encoder=qwen3_vl", f"codebook.encoder_from={vl}")
+    # without init_from, or with a backbone that is no Qwen3-VL, the tower's directory must be given
+    for over in ([], [f"init_from={_hf_dir(tmp_path / 'q3', 'qwen3')}"]):
+        e = experiment("encoder", load_config(VL, over))
+        assert "--encoder-from DIR" in e.needs
+        qwen = {x.name: x for x in e.variants}["qwen3_vl"]
+        assert f"codebook.encoder_from={ENCODER_FROM_PLACEHOLDER}" in qwen.overrides
+    given = experiment("encoder", load_config(VL), encoder_from="/w/vl")
+    assert not given.needs and {x.name: x for x in given.variants}["qwen3_vl_half_font"].overrides[:2] == (
+        "codebook.encoder=qwen3_vl", "codebook.encoder_from=/w/vl")
+    assert not experiment("encoder", load_config(VL), encoder_from="").needs  # from scratch, on purpose
+    # a config whose encoder is Qwen3-VL's already: its rows are main's, DeepEncoder V2's get variants, and each
+    # --set list loads in its order (encoder_from is refused while the encoder is not qwen3_vl)
+    own = ["latent.source=codebook", "codebook.encoder=qwen3_vl", f"codebook.encoder_from={vl}"]
+    e = experiment("encoder", load_config(TINY, own))
+    assert [m.variant for m in e.methods] == ["deepencoder", "deepencoder_half_font", "main", "half_font"]
+    de = {x.name: x for x in e.variants}["deepencoder"]
+    assert de.overrides == ("codebook.encoder_from=", "codebook.encoder=deepencoder")
+    c = load_config(TINY, [*own, *de.overrides]).codebook
+    assert (c.encoder, c.encoder_from) == ("deepencoder", "")
+    with pytest.raises(ValueError, match="latent.source=codebook"):
+        experiment("encoder", load_config(TINY))
+    with pytest.raises(ValueError, match="codebook.init_from"):  # DeepSeek-OCR-2 brings its own encoder
+        experiment("encoder", load_config(ROOT / "configs" / "codebook-ocr2.yaml", ["codebook.init_from=/w/ocr2"]))
+    with pytest.raises(ValueError, match="--encoder-from"):
+        experiment("stages", cfg, encoder_from="/w/vl")
+
+
+def test_encoder_dry_run_prints_the_full_scale_commands(tmp_path, capsys):
+    w = tmp_path / "w"
+    assert cli_main(["encoder", "--dry-run", "--config", VL, "--workdir", str(w), "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert not w.exists() and "# NOTE: before it can run" in out and "--encoder-from DIR" in out
+    train = [x for x in out.splitlines() if "dlr_jax.train" in x]
+    assert all(f"--config {VL}" in x for x in train)
+    # the text SFTs once (main's), then codebook onwards and one evaluation per row
+    assert [sum(f"--stage {s} " in x for x in train) for s in ("textsft", "codebook", "rl")] == [1, 4, 4]
+    assert sum("dlr_jax.evaluate" in x for x in out.splitlines()) == 4
+    qwen = [x for x in train if "seed0/qwen3_vl" in x]
+    assert len(qwen) == 10 and all(f"'codebook.encoder_from={ENCODER_FROM_PLACEHOLDER}'" in x for x in qwen)
+    assert [x for x in train if "codebook.font_mean=8.75" in x] == [x for x in train if "half_font " in x]
+    # a run refuses while the tower is missing; a qwen3_vl init_from gives it
+    assert cli_main(["encoder", "--config", VL, "--workdir", str(w), "--seeds", "1"]) == 2 and not w.exists()
+    assert "--encoder-from DIR" in capsys.readouterr().err
+    vl = _hf_dir(tmp_path / "vl", "qwen3_vl")
+    assert cli_main(["encoder", "--dry-run", "--config", VL, "--set", f"init_from={vl}", "--workdir", str(w),
+                     "--seeds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "NOTE" not in out and ENCODER_FROM_PLACEHOLDER not in out
+    assert sum(f"--set codebook.encoder_from={vl} " in x for x in out.splitlines()) == 10
+
+
+def test_encoder_table_in_the_papers_layout(tmp_path):
+    exp = experiment("encoder", load_config(VL), encoder_from="/w/vl")
+    benches = ("gsm8k", "gsm_hard", "svamp", "multiarith")
+    for s in (0, 1):
+        for i, m in enumerate(exp.methods):
+            _results(tmp_path, s, m, {b: (0.4 - 0.05 * i + 0.01 * j + (0.02 + 0.01 * i) * s, 6.0 + i)
+                                      for j, b in enumerate(benches)})
+    res = report.build(exp, root=tmp_path, seeds=[0, 1], command="cmd", config=VL, overrides=[], steps_done=1,
+                       steps_total=1)
+    lay = res["paper_layout"]
+    assert [r["label"] for r in lay["rows"]] == ENCODER_ROWS and not lay["paper_on_record"]
+    assert lay["rows"][3]["avg"]["L"]["mean"] == pytest.approx(9.0)
+    md = report.markdown(res)
+    assert "| DeepEncoder V2, half font | 36.5 ± 1.5 | 7.00 ± 0.00 |" in md
+    assert "p vs DeepEncoder V2" in md and "Qwen3-VL's vision tower (from /w/vl (--encoder-from))" in md
+    assert md.index("In the paper's layout") < md.index("Benchmark `gsm8k`")
 
 
 @pytest.mark.slow

@@ -311,6 +311,23 @@ def test_codebook_plan_on_a_deepseek_ocr2_checkpoint(tmp_path):
     assert any("from-scratch" in n for n in scratch.notes)
 
 
+def test_h100_plans_the_ocr2_codebook_whose_decoder_rows_have_odd_length(tmp_path):
+    """The OCR-2 decoder's rows are <bos>, N ids, the separator, the prompt and the targets: odd for every other
+    canvas size (here 1 + 4 + 1 + 0 + 39). cuDNN's flash kernel (model.attention=auto, bf16 on a GPU) refuses a
+    masked backward over odd lengths at trace time, so the stage itself would stop on a GPU; the plan compiles."""
+    try:
+        target_devices(TARGETS["h100"], 1)
+    except TargetUnavailable as e:
+        pytest.skip(f"h100 compiler not installed here ({e}); the plan-gpu extra provides it")
+    from tests.hf_fixtures import save_tiny_ocr2
+
+    save_tiny_ocr2(tmp_path / "ckpt", seed=0, small=True)
+    ckpt = _config_only(tmp_path / "ckpt", tmp_path / "config_only", ("config.json", "tokenizer.json"))
+    cfg = _ocr2_cfg(ckpt, "codebook.dtype=bfloat16", "codebook.ocr2_prompt=")
+    r = plan.plan_once(cfg, "codebook", TARGETS["h100"], {"data": 1, "fsdp": 1, "tensor": 1})
+    assert r["tokens_per_step"] == 8 * (4 + 40) and r["roofline_step_s"] > 0
+
+
 def test_sft_plan_with_the_ocr2_decoder_as_the_dual_branch(tmp_path):
     # on a DeepSeek-OCR-2 codebook the branch is its MoE decoder (from config.json alone) behind a map from the
     # LM's width; its parameters are trainable beside the LM's

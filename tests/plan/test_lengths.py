@@ -55,6 +55,21 @@ def test_measured_once_then_read_from_the_cache(tmp_path, monkeypatch, cache):
         L.stage_lengths(load_config(TINY, ["data.synthetic_train=301"]), "sft")
 
 
+def test_a_latent_curriculum_plans_each_example_at_its_longest_row(tmp_path):
+    from dlr_jax.data.curriculum import Curriculum
+    from dlr_jax.stages.common import get_tokenizer
+    from dlr_jax.stages.latent_common import latents_for
+
+    cfg = load_config(TINY, [*DATA, f"run.workdir={tmp_path / 'w'}", "latent.curriculum=random"])
+    planned = L.stage_lengths(cfg, "sft")
+    examples = load_examples(cfg, "train")
+    tok = get_tokenizer(cfg, tmp_path / "t", examples)
+    table = latents_for(cfg, tmp_path, "train", examples)
+    _, want, _ = fitting_items("sft", examples, tok, max_len=10_000, latents=table, curriculum=Curriculum("random"))
+    assert sorted(planned.lengths) == sorted(want)  # one step a span: the text CoT or the paper's row
+    assert sum(planned.lengths) > sum(L.stage_lengths(load_config(TINY, [*DATA]), "sft").lengths)
+
+
 def test_codebook_latents_are_estimated_from_the_canvas_without_exported_ids(tmp_path):
     cfg = load_config(TINY, [*DATA, "latent.source=codebook", f"run.workdir={tmp_path}"])
     lengths = L.stage_lengths(cfg, "align")
@@ -65,6 +80,18 @@ def test_codebook_latents_are_estimated_from_the_canvas_without_exported_ids(tmp
     est = [a - b + default_num_latents(ex) for a, b, ex in zip(lengths.lengths, random.lengths, examples, strict=True)]
     side = canvas_side(examples[0].cot, 18, render_config(cfg.codebook))[0]  # tiny.yaml's mean font, rounded
     assert est[0] == (side // 64) ** 2 and set(est) <= {1, 4, 9, 16}
+
+
+def test_a_step_codebook_estimates_a_canvas_a_step(tmp_path):
+    from dlr_jax.text.steps import split_steps
+
+    chain = L.stage_lengths(load_config(TINY, [*DATA, "latent.source=codebook", f"run.workdir={tmp_path}"]), "align")
+    cfg = load_config(TINY, [*DATA, "latent.source=codebook", "codebook.render_unit=step", f"run.workdir={tmp_path}"])
+    step = L.stage_lengths(cfg, "align")
+    rcfg, n = render_config(cfg.codebook), lambda text: (canvas_side(text, 18, rcfg)[0] // 64) ** 2
+    for a, b, ex in zip(step.lengths, chain.lengths, load_examples(cfg, "train"), strict=True):
+        assert a - b == sum(n(s) for s in split_steps(ex.cot)) - n(ex.cot)
+    assert step.lengths != chain.lengths
 
 
 def test_stage_totals_padded_and_packed_side_by_side():

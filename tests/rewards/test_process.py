@@ -147,3 +147,20 @@ def test_well_formed_codes_and_clear_errors(tok):
                           completion_mask=mask[:1], boundary=toy_boundary(tok), prompts=[QUESTION])
     with pytest.raises(ValueError, match="extras\\['process_reward'\\]"):
         get_reward("process")(inputs)
+
+
+def test_a_step_codebook_reads_the_span_one_step_at_a_time(tok, scorer):
+    # codebook.render_unit=step on a fixed canvas: every step has c codes; y_hat is the decoded steps joined
+    span = [1, 2, 3, 4, 5]
+    chain = ProcessReward(SumDecoder(), scorer.sampler, tok, max_new_tokens=40, batch_size=2)
+    c1 = ProcessReward(SumDecoder(), scorer.sampler, tok, max_new_tokens=40, batch_size=2, step_codes=1)
+    c4 = ProcessReward(SumDecoder(), scorer.sampler, tok, max_new_tokens=40, batch_size=2, step_codes=4)
+    assert chain.read([span]) == ["<<1+2+3+4+5=15>> 15"]
+    assert c1.read([span, [7]]) == ["<<1=1>> 1 <<2=2>> 2 <<3=3>> 3 <<4=4>> 4 <<5=5>> 5", "<<7=7>> 7"]
+    assert c4.read([span, [6, 6, 6, 6]]) == ["<<1+2+3+4=10>> 10 <<5=5>> 5", "<<6+6+6+6=24>> 24"]
+    assert c4.decoder.calls == [[[1, 2, 3, 4], [5], [6, 6, 6, 6]]]  # one batched decode over every step
+    # that y_hat is what the evaluator reads: its answer is the last step's number, not the span's sum
+    np.testing.assert_array_equal(c4.score([QUESTION] * 2, [span, span], ["5", "15"], "gsm8k"), [1.0, 0.0])
+    np.testing.assert_array_equal(chain.score([QUESTION] * 2, [span, span], ["5", "15"], "gsm8k"), [0.0, 1.0])
+    with pytest.raises(ValueError, match="step_codes must be >= 1"):
+        ProcessReward(SumDecoder(), scorer.sampler, tok, step_codes=0)

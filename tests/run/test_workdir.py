@@ -87,6 +87,7 @@ def test_safe_and_unsafe_keys():
     assert not is_unsafe("data.num_workers") and not is_unsafe("mesh.fsdp") and not is_unsafe("rl.beta")
     # only sft reads the dual branch's switch and weight: the stages before it keep what they wrote
     assert not is_unsafe("latent.dual_branch") and not is_unsafe("latent.dual_branch_weight")
+    assert not is_unsafe("latent.curriculum") and not is_unsafe("latent.curriculum_stages")
     assert not is_unsafe("codebook.render_cache") and is_unsafe("codebook.render_view")
 
 

@@ -74,6 +74,53 @@ def test_an_rl_split_too_large_for_the_training_file_is_refused_before_the_workd
     assert not w.exists() or not any(w.iterdir())  # the lock's folder at most: no config.yaml, no tokenizer
 
 
+def test_the_papers_rl_count_on_the_subset_read_for_a_missing_full_file_becomes_its_fraction(data_dir, tmp_path,
+                                                                                              capsys):
+    """GSM8K-Aug's full train set missing, its 3,000-line subset read instead (readers.STAND_INS): the recipe's
+    count of 85,620 RL examples (of 385,620) holds out the same fraction of the subset, says so in one line and in
+    data_protocol.json. The full file keeps the count exactly; a count too large for a file read as itself (not a
+    stand-in) is still refused."""
+    import json
+    import types
+    import warnings
+
+    from dlr_jax.data.protocol import PROTOCOL_FILE
+    from dlr_jax.data.sources import load_examples
+    from dlr_jax.stages.common import prepare_workdir, stage_examples
+
+    lines = (data_dir / "gsm8k_aug" / "train_subset_3000.txt").read_text().splitlines()[:40]
+    sub, full = tmp_path / "sub", tmp_path / "full"
+    sub.mkdir(), full.mkdir()
+    (sub / "train_subset_3000.txt").write_text("\n".join(lines) + "\n")  # train.txt missing: the stand-in is read
+    (full / "train.txt").write_text("\n".join(lines) + "\n")
+    tok = types.SimpleNamespace(encode_plain=str.split)
+    paper = ["data.dataset=gsm8k_aug", "data.train_split=train", "data.rl_split=85620"]
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*paper, f"data.path={sub}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the reader's own warning that it read the subset
+        train = load_examples(cfg, "train")
+        prepare_workdir(cfg, tmp_path / "w", train)  # what refused the paper's recipe on the subset before
+        stage_examples(cfg, tmp_path / "w", "sft", tok, train)
+        rl = stage_examples(cfg, tmp_path / "w", "rl", tok, train)
+    k = round(85620 / 385620 * 40)  # 9
+    assert len(rl) == k and all(ex.id.startswith("gsm8k_aug/train_subset_3000/") for ex in rl)
+    said = [line for line in capsys.readouterr().err.splitlines() if "rl_split" in line]
+    assert said == [f"warning: data.rl_split=85,620 is a count of gsm8k_aug:train's 385,620 examples, but "
+                    f"gsm8k_aug:train_subset_3000 was read in its place: RL holds out the same fraction (22.20%), "
+                    f"{k} of 40 examples (recorded in data_protocol.json as rl_split_scaled)"]  # once, two stages
+    rec = json.loads((tmp_path / "w" / PROTOCOL_FILE).read_text())
+    assert (rec["rl_split"], rec["rl_examples"], rec["sft_examples"]) == (85620, k, 40 - k)
+    assert rec["rl_split_scaled"] == {"configured": 85620, "of_full": 385620, "read": "gsm8k_aug:train_subset_3000",
+                                      "fraction": 85620 / 385620}
+    # the full file (here as short as the subset): the count is the recipe's, exactly, and nothing is scaled
+    as_count = load_config(ROOT / "configs" / "tiny.yaml", [*paper[:2], "data.rl_split=12", f"data.path={full}"])
+    assert len(stage_examples(as_count, tmp_path / "f", "rl", tok)) == 12
+    assert "rl_split_scaled" not in json.loads((tmp_path / "f" / PROTOCOL_FILE).read_text())
+    too_many = load_config(ROOT / "configs" / "tiny.yaml", [*paper, f"data.path={full}"])
+    with pytest.raises(ConfigError, match="leaves 85620 of 40 training examples for RL"):
+        stage_examples(too_many, tmp_path / "g", "rl", tok)
+
+
 def test_a_truncated_checkpoint_file_is_one_line_naming_it(tmp_path, capsys):
     """The file checks before a stage cannot read every tensor: a checkpoint cut short (an interrupted copy)
     is found when the stage loads it, and said in one line (exit 2), not a traceback."""

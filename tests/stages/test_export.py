@@ -6,19 +6,21 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.data import render_pipeline as rp
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, read_latents
 from dlr_jax.data.sources import load_examples
-from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
+from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model, jit_encode
 from dlr_jax.rewards.process import LatentDecoder as LatentDecoderProtocol
 from dlr_jax.run.checkpoint import save_params
 from dlr_jax.run.workdir import final_dir
-from dlr_jax.stages import export
-from dlr_jax.stages.codebook.models import load_decoder
+from dlr_jax.stages import common, export
+from dlr_jax.stages.codebook.models import load_codebook_model, load_decoder
 from dlr_jax.text import render
+from dlr_jax.text.steps import split_steps
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +135,80 @@ def test_a_split_the_view_cannot_render_stops_export_before_any_is_written(expor
     with pytest.raises(ValueError, match="render_view=results: example .* has no calculator step"):
         export.run(cfg, tmp_path)
     assert not latents_path(tmp_path, "train").exists() and not latents_path(tmp_path, "test").exists()
+
+
+STEP_MICRO = [  # render_unit=step: a short sentence on a 128 px canvas (4 codes), a longer one on 192 px (9 codes)
+    *MICRO, "codebook.render_unit=step",
+    "codebook.train.batch_size=8", "codebook.train.progress=false", "codebook.train.async_checkpointing=false",
+    "codebook.train.checkpoint_every=100", "codebook.kmeans_init_batches=1", "codebook.kmeans_iters=1",
+    "codebook.eval_examples=4", "codebook.alpha_steps=0", "codebook.warmup_steps=0", "codebook.dead_code_every=0",
+    "data.synthetic_train=8", "data.synthetic_eval=4",
+    "data.synthetic_cot_style=natural",
+]
+
+
+@pytest.fixture(scope="module")
+def step_exported(exported, tmp_path_factory):
+    """The micro model saved as a step codebook, exported with render_unit=step."""
+    model = exported[2]
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", STEP_MICRO)
+    w = tmp_path_factory.mktemp("steps")
+    meta = {"kind": "codebook", "model": CodebookModelConfig.from_config(cfg).to_dict(),
+            "codebook": {"render_unit": "step"}}
+    save_params(model, final_dir(w, "codebook"), meta)
+    return cfg, w, export.run(cfg, w)
+
+
+@pytest.mark.slow
+def test_the_codebook_stage_trains_and_exports_single_steps(tmp_path):
+    from dlr_jax.stages.codebook import stage as codebook
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", STEP_MICRO)
+    report = codebook.run(cfg, tmp_path, num_steps=2)
+    steps_of = {ex.id: split_steps(ex.cot) for ex in load_examples(cfg, "train")}
+    # the codebook trained and was checked on single steps: one text a step of the corpus
+    assert report["plan"]["examples"] == sum(map(len, steps_of.values())) > len(steps_of)
+    assert report["held_out"]["examples"] == 4 and report["steps"] == 2
+    export.run(cfg, tmp_path)
+    table = read_latents(latents_path(tmp_path, "train"), num_codes=32)
+    for ex_id, steps in steps_of.items():
+        counts = table.step_counts(ex_id)
+        assert len(counts) == len(steps) and sum(counts) == len(table[ex_id]) and set(counts) <= {4, 9}
+
+
+def test_step_latents_are_each_steps_codes_in_order(step_exported):
+    cfg, w, info = step_exported
+    steps_of = {ex.id: split_steps(ex.cot) for ex in load_examples(cfg, "train")}
+    model = load_codebook_model(w, common.make_mesh_for(cfg))  # as export loads it
+    rcfg = rp.render_config(cfg.codebook)
+    # each step on its own canvas at export's font (the mean), encoded directly: one encoder call a canvas side
+    images = {(i, j): np.asarray(render.render_cot_ex(s, config=rcfg).image)[..., 0]
+              for i, steps in enumerate(steps_of.values()) for j, s in enumerate(steps)}
+    graphdef, state = nnx.split(model)
+    codes, b = {}, cfg.codebook.eval_batch_size  # export's batch size: its compiled encoder is reused
+    for side in {im.shape[0] for im in images.values()}:
+        keys = [k for k, im in images.items() if im.shape[0] == side]
+        for at in range(0, len(keys), b):
+            part = np.stack([images[k] for k in keys[at:at + b]])
+            part = np.concatenate([part, np.repeat(part[:1], b - len(part), 0)])
+            ids = np.asarray(jit_encode(graphdef, state, jnp.asarray(part))[1])
+            codes |= {k: z.tolist() for k, z in zip(keys[at:at + b], ids, strict=False)}
+    table = read_latents(latents_path(w, "train"), num_codes=32)
+    for i, (ex_id, steps) in enumerate(steps_of.items()):
+        per_step = [codes[i, j] for j in range(len(steps))]
+        assert table[ex_id] == tuple(c for z in per_step for c in z)
+        assert table.step_counts(ex_id) == tuple(map(len, per_step)) == tuple(
+            (images[i, j].shape[0] // 64) ** 2 for j in range(len(steps)))
+        assert sum(table.step_counts(ex_id)) == len(table[ex_id])
+    # both canvas sides occur, so the concatenation's boundaries are exercised
+    assert {len(z) for z in codes.values()} == {4, 9}
+    assert info["train"]["step_codes_hist"] == {n: sum(c == n for z in table for c in table.step_counts(z))
+                                                for n in (4, 9)}
+
+
+def test_step_latents_refuse_a_chain_codebook(step_exported):
+    _, w, _ = step_exported
+    with pytest.raises(ValueError, match="trained with codebook.render_unit=step.*says chain"):
+        export.run(load_config(ROOT / "configs" / "tiny.yaml", MICRO), w)
+    with pytest.raises(ConfigError, match="render_unit must be one of chain|step"):
+        load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "codebook.render_unit=steps"])

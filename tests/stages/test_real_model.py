@@ -122,7 +122,7 @@ def test_evaluate_reads_the_rl_model(run):
 
     bench = evaluate(run, "rl", progress=False)["benchmarks"]["synthetic"]
     assert bench["n"] == 2 and 0.0 <= bench["pass_at_1"]["mean"] <= 1.0
-    assert bench["n_latents"]["mean"] <= 4  # eval.max_latents: the grammar closed the span
+    assert bench["n_latents"]["mean"] <= 4  # eval.max_latents: the cap closes the first span
 
 
 def test_sft_exports_to_transformers_with_our_logits(run, tmp_path):

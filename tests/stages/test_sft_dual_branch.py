@@ -135,7 +135,8 @@ def test_resolve(tmp_path):
         sft.resolve_dual_branch(_cfg("latent.dual_branch=on"), tmp_path)
     _write_codebook_meta(tmp_path, cfg)
     branch = sft.resolve_dual_branch(cfg, tmp_path)
-    assert branch is not None and branch.weight == 0.5 and branch.dropout == 0.25
+    assert branch is not None and branch.weight == 0.5 and branch.dropout == 0.25 and branch.reduction == "mean"
+    assert sft.resolve_dual_branch(_cfg("train.sft.loss_reduction=sum"), tmp_path).reduction == "sum"
     assert branch.data_kwargs() == {"ocr_text_len": 64, "ocr_view": "cot"}
     # the decoder reads back what the codebook rendered, so the branch's targets follow the view
     with pytest.raises(ValueError, match="trained with codebook.render_view=cot"):  # not this codebook's view
@@ -149,6 +150,18 @@ def test_resolve(tmp_path):
         sft.resolve_dual_branch(_cfg("latent.source=random", "latent.dual_branch=on"), tmp_path)
     with pytest.raises(ValueError, match="data.pack=false"):
         sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path)
+
+
+def test_a_step_codebook_branch_reads_one_step_a_row(tmp_path):
+    cfg = _cfg("codebook.render_unit=step")
+    d = final_dir(tmp_path, "codebook")
+    d.mkdir(parents=True)
+    meta = {"kind": "codebook", "model": CodebookModelConfig.from_config(cfg).to_dict(),
+            "codebook": {"render_view": "cot", "render_unit": "step"}}
+    (d / "meta.json").write_text(json.dumps(meta))
+    # the pipeline's per-step targets (tests/data/test_pipeline_step_ocr.py), as the codebook trained its decoder
+    assert sft.resolve_dual_branch(cfg, tmp_path).data_kwargs() == {"ocr_text_len": 64, "ocr_view": "cot",
+                                                                    "ocr_unit": "step"}
 
 
 def test_batches_carry_ocr_fields_and_resume(setup):

@@ -210,15 +210,16 @@ def load_codebook_model(workdir: str | Path, mesh: Mesh | None = None) -> Codebo
 
 
 def check_render_view(cfg: Config, workdir: str | Path) -> None:
-    """Raises when <workdir>/codebook/final was trained on another `codebook.render_view` than `cfg`
-    names: its ids and decoder would read images and texts it never saw (a linked or reused stage is
-    skipped by the runner, so nothing else would notice). Codebooks saved before the view existed are `cot`."""
+    """Raises when <workdir>/codebook/final was trained on another `codebook.render_view` or `render_unit` than
+    `cfg` names: its ids and decoder would read images and texts it never saw (a linked or reused stage is
+    skipped by the runner, so nothing else would notice). Codebooks saved before the view (the unit) existed are
+    `cot` (`chain`)."""
     meta = read_meta(final_dir(workdir, CODEBOOK))
-    trained = (meta.get("codebook") or {}).get("render_view", "cot")
-    if trained != cfg.codebook.render_view:
-        raise ValueError(f"{final_dir(workdir, CODEBOOK)} was trained with codebook.render_view={trained}, but this "
-                         f"run's config says {cfg.codebook.render_view}: retrain the codebook stage or set "
-                         f"codebook.render_view={trained}")
+    for key, before in (("render_view", "cot"), ("render_unit", "chain")):  # what codebooks without the key did
+        trained, now = (meta.get("codebook") or {}).get(key, before), getattr(cfg.codebook, key)
+        if trained != now:
+            raise ValueError(f"{final_dir(workdir, CODEBOOK)} was trained with codebook.{key}={trained}, but this "
+                             f"run's config says {now}: retrain the codebook stage or set codebook.{key}={trained}")
 
 
 def load_latent_decoder(cfg: Config, workdir: str | Path, mesh: Mesh | None = None) -> LatentDecoder | None:

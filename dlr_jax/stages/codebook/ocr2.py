@@ -32,6 +32,7 @@ from dlr_jax.models.ocr2 import Ocr2Config, ocr2_config_from_hf
 from dlr_jax.models.ocr2_codebook import PAD, Ocr2CodebookConfig, Ocr2CodebookModel
 from dlr_jax.models.vq import VectorQuantizer, code_usage, vq_objective
 from dlr_jax.text.ocr_text import normalize_text
+from dlr_jax.training.reduction import vq_weights
 
 
 def load_tokenizer(init_from: str | Path):
@@ -50,13 +51,20 @@ def tokenize(tok: Any, text: str) -> list[int]:
 
 def check_start(cfg: Config, command: str) -> None:
     """A config that fine-tunes DeepSeek-OCR-2 (`codebook.pretrained`) without the checkpoint (`codebook.init_from`)
-    is refused: its settings are not the from-scratch encoder's recipe."""
+    is refused: its settings are not the from-scratch encoder's recipe. So is one rendering steps
+    (`codebook.render_unit=step`) on the checkpoint."""
     if cfg.codebook.pretrained and not cfg.codebook.init_from:
         raise ConfigError(
             f"codebook.pretrained=true: this config fine-tunes a DeepSeek-OCR-2 checkpoint, so {command} needs it: "
             "--set codebook.init_from=DIR (an HF deepseek_ocr2 directory: config.json, safetensors, tokenizer.json). "
             "To train the from-scratch encoder instead, use a config without codebook.pretrained (configs/tiny.yaml, "
             "configs/paper/gsm8k.yaml)"
+        )
+    if cfg.codebook.init_from and cfg.codebook.render_unit != "chain":
+        raise ConfigError(
+            f"codebook.render_unit={cfg.codebook.render_unit} is not supported with codebook.init_from (a "
+            "DeepSeek-OCR-2 checkpoint): that path is built and tested on whole CoTs; train the from-scratch encoder "
+            "(no init_from) or set codebook.render_unit=chain"
         )
 
 
@@ -170,8 +178,10 @@ def _nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def ocr2_codebook_loss(model: Ocr2CodebookModel, batch: dict, rng: jax.Array, *, lambda_vq: float, beta: float,
-                       router_aux_coef: float = 0.0):
-    """CE(H_st) + alpha * CE(H) + lambda_vq * (vq + beta * commit) [+ router balance]; per token."""
+                       router_aux_coef: float = 0.0, reduction: str = "mean"):
+    """CE(H_st) + alpha * CE(H) + lambda_vq * (vq + beta * commit) [+ router balance] over the checkpoint's
+    tokens: per token (mean), or per image (sum: `stage.codebook_loss`'s reduction, the paper's; the router
+    balance, not the paper's, keeps its weight router_aux_coef in the optimised loss under both)."""
     targets = batch["targets"]
     b = targets.shape[0]
     h = model.encode(batch["images"])
@@ -195,10 +205,11 @@ def ocr2_codebook_loss(model: Ocr2CodebookModel, batch: dict, rng: jax.Array, *,
         "ce_q": jnp.sum(nll_q), "vq": vq * ntok, "commit": commit * ntok, "router_balance": aux * ntok,
         "perplexity": ppl * ntok, "used_codes": used.astype(jnp.float32) * ntok,
         "token_accuracy": jnp.sum((jnp.argmax(logits, -1) == targets) * tmask),
-        "images_per_token": jnp.float32(b),
+        "images_per_token": jnp.float32(b), "tokens": ntok,
     }
-    loss = jnp.sum(nll_q) + ce_c + ntok * (vq_objective(vq, commit, lambda_vq, beta) + router_aux_coef * aux)
-    return loss, ntok, metrics
+    weight, vq_scale = vq_weights(h, ntok, reduction)
+    loss = jnp.sum(nll_q) + ce_c + vq_scale * vq_objective(vq, commit, lambda_vq, beta) + weight * router_aux_coef * aux
+    return loss, weight, metrics
 
 
 def _tf_sums(graphdef: nnx.GraphDef, state: nnx.State, ids: jax.Array, targets: jax.Array) -> jax.Array:

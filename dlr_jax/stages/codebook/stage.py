@@ -23,8 +23,9 @@ Order of work (each part resumes):
      both), codebook usage.
 
 Writes <workdir>/codebook/{codebook.npy [K, d_c], report.json, corpus.json (the corpus's sources and
-sample sizes), final/ (params + meta.json), checkpoints/, metrics.jsonl}. Metrics per log step: ce_q
-(CE(H_st) per char), ce_c, vq, commit, perplexity / used_codes (of the batch), char_accuracy,
+sample sizes), final/ (params + meta.json), checkpoints/, metrics.jsonl}. Metrics per log step: loss (the
+optimised one: per char, or per image under codebook.train.loss_reduction=sum, the paper's sums), ce_q
+(CE(H_st) per char), ce_c, vq, commit (per element), perplexity / used_codes (of the batch), char_accuracy,
 images_per_token (images/s = tokens_per_s * images_per_token).
 """
 
@@ -66,6 +67,7 @@ from dlr_jax.stages import common
 from dlr_jax.stages.codebook.eval import print_summary, reconstruction_report
 from dlr_jax.stages.codebook.models import OCR2_TOKENIZER, encode_ids
 from dlr_jax.text.ocr_text import VOCAB
+from dlr_jax.training.reduction import check_reduction, vq_weights
 from dlr_jax.training.trainer import Trainer
 
 STAGE = "codebook"
@@ -139,8 +141,16 @@ def _nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def codebook_loss(model: CodebookModel, batch: dict, rng: jax.Array, *, lambda_vq: float, beta: float,
-                  dropout: float):
-    """CE(H_st) + alpha * CE(H) + lambda_vq * (vq + beta * commit); CE(H) only if `alpha` is present."""
+                  dropout: float, reduction: str = "mean"):
+    """CE(H_st) + alpha * CE(H) + lambda_vq * (vq + beta * commit); CE(H) only if `alpha` is present.
+
+    batch: images [b, side, side], targets [b, T] (characters, <pad> after <eos>), alpha [b] (optional).
+    reduction "mean": the CEs per target character, vq / commit per element of the [b, N, d_c] features.
+    "sum" (the paper's): per image, the CEs summed over its characters and vq / commit summed over its N
+    latents' squared norms ||sg(h_i) - c_{a_i}||^2; averaged over the batch's images (weight = b).
+    Metrics are divided by the characters (`tokens`) either way: ce_q / ce_c per character, vq / commit
+    per element, so runs under either reduction log comparable numbers."""
+    check_reduction(reduction)
     k_noise, k_drop = jax.random.split(rng)
     targets = batch["targets"]
     b = targets.shape[0]
@@ -172,30 +182,35 @@ def codebook_loss(model: CodebookModel, batch: dict, rng: jax.Array, *, lambda_v
         "used_codes": used.astype(jnp.float32) * ntok,
         "char_accuracy": jnp.sum((jnp.argmax(logits, -1) == targets) * tmask),
         "images_per_token": jnp.float32(b),
+        "tokens": ntok,
     }
-    return jnp.sum(nll_q) + ce_c + ntok * vq_objective(vq, commit, lambda_vq, beta), ntok, metrics
+    weight, vq_scale = vq_weights(h, ntok, reduction)
+    return jnp.sum(nll_q) + ce_c + vq_scale * vq_objective(vq, commit, lambda_vq, beta), weight, metrics
 
 
 def main_phase_loss(cfg: Config):
     """The main phase's loss, as the stage trains it and the planner compiles it: over characters, or over the
-    checkpoint's tokens when codebook.init_from fine-tunes DeepSeek-OCR-2."""
+    checkpoint's tokens when codebook.init_from fine-tunes DeepSeek-OCR-2 (codebook.train.loss_reduction)."""
     cb = cfg.codebook
     if cb.init_from:
         from dlr_jax.stages.codebook.ocr2 import ocr2_codebook_loss
 
         return functools.partial(ocr2_codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta,
-                                 router_aux_coef=cb.router_aux_coef)
-    return functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout)
+                                 router_aux_coef=cb.router_aux_coef, reduction=cb.train.loss_reduction)
+    return functools.partial(codebook_loss, lambda_vq=cb.lambda_vq, beta=cb.beta, dropout=cb.char_dropout,
+                             reduction=cb.train.loss_reduction)
 
 
-def warmup_loss(model: CodebookModel, batch: dict, rng: jax.Array, *, dropout: float):
-    """CE(H): the continuous branch alone (no quantization)."""
+def warmup_loss(model: CodebookModel, batch: dict, rng: jax.Array, *, dropout: float, reduction: str = "mean"):
+    """CE(H): the continuous branch alone (no quantization); per character (mean) or per image (sum)."""
+    check_reduction(reduction)
     targets = batch["targets"]
     inputs, in_mask = teacher_inputs(targets)
     logits = model.decoder_logits(model.encode(batch["images"]), char_dropout(inputs, dropout, rng), in_mask)
     tmask = (targets != VOCAB.PAD).astype(jnp.float32)
-    ce = jnp.sum(_nll(logits, targets) * tmask)
-    return ce, jnp.sum(tmask), {"ce_c": ce, "images_per_token": jnp.float32(targets.shape[0])}
+    ce, ntok = jnp.sum(_nll(logits, targets) * tmask), jnp.sum(tmask)
+    weight = ntok if reduction == "mean" else jnp.float32(targets.shape[0])
+    return ce, weight, {"ce_c": ce, "images_per_token": jnp.float32(targets.shape[0]), "tokens": ntok}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,7 +324,7 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
 
     def warm_up(model: CodebookModel, steps: int, sub: str, stream) -> nnx.Module | dict[str, Any]:
         """`steps` continuous-branch steps in <out>/<sub> (resumable); the model, or the preemption record."""
-        warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop),
+        warm = Trainer(model, functools.partial(warmup_loss, dropout=wdrop, reduction=cb.train.loss_reduction),
                        dataclasses.replace(cb.train, num_steps=steps, profile_steps=""), out / sub,  # window: main
                        trainable=nnx.All(nnx.Param, nnx.Not(nnx.PathContains("vq"))), mesh=mesh,
                        rules=cfg.mesh.rules, name=f"codebook-{sub.replace('_', '-')}")
@@ -320,6 +335,10 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
 
     if tok is None:
         model = create_sharded(lambda: CodebookModel(mcfg, rngs=init_rngs(seed)), mesh, cfg.mesh.rules)
+        if cb.encoder_from:  # codebook.encoder=qwen3_vl from a Qwen3-VL checkpoint's vision weights
+            from dlr_jax.convert.qwen3_vl_vision import import_tower
+
+            import_tower(model.encoder.tower, cb.encoder_from, mesh=mesh, rules=cfg.mesh.rules)
     if cb.warmup_steps > 0:
         warm_plan = plan
         if cb.warmup_piece_chars > 0:

@@ -5,7 +5,9 @@ One RL step is a `GRPOStep` (step.py, which describes each phase): rollouts of P
 old / reference log-probs, rewards, group-normalised advantages, mu passes of updates. This file
 builds what the step holds: the trainer (codebook frozen, `filter_for_stage("rl")`), the policy's
 sampling copy, the reference (the frozen SFT model, none when beta = 0) and the process reward's OCR
-decoder and evaluator (r_proc is skipped, with a note, when its weight is 0 or no decoder exists).
+decoder and evaluator (r_proc is skipped, with a note, when its weight is 0 or no decoder exists). A codebook
+that rendered one step a canvas (codebook.render_unit=step) has its decoder read a generated span one step at a
+time, which needs a fixed canvas (`process_step_codes`).
 
 Prompts come from data.train_split (or its first `rl.prompt_pool` problems). With `rl.eval_prompts`
 > 0 the policy's reward on a fixed prompt set (data.eval_split, or the pool) is measured before step 1
@@ -36,6 +38,7 @@ from dlr_jax.config import Config, ConfigError
 from dlr_jax.core import preemption
 from dlr_jax.core.metrics_log import MetricsWriter, ProfileWindow, drop_rows
 from dlr_jax.data.formats import prompt_ids
+from dlr_jax.data.latents import fixed_step_codes
 from dlr_jax.data.sources import load_examples
 from dlr_jax.generate.sampler import Sampler
 from dlr_jax.generate.sampling_copy import SamplingCopy, copy_dtype, sample_mesh_for
@@ -154,6 +157,24 @@ def _check(cfg: Config) -> None:
         raise ValueError("stage rl: " + "; ".join(problems))
 
 
+def process_step_codes(cfg: Config) -> int | None:
+    """The codes per step the process reward cuts a generated span into (`ProcessReward.step_codes`): None for a
+    whole-chain codebook (codebook.render_unit=chain), c = (side / 64)^2 for a step codebook on a fixed canvas.
+    A step codebook whose canvas is not fixed is a ConfigError: its decoder reads one step's codes, and a
+    generated span does not say where one step's codes end."""
+    cb = cfg.codebook
+    if cb.render_unit != "step":
+        return None
+    per = fixed_step_codes(cb)
+    if per is None:
+        raise ConfigError(
+            f"stage rl: the process reward (rl.process_weight={cfg.rl.process_weight}) decodes generated latents one "
+            f"step at a time under codebook.render_unit=step, which needs the same codes for every step: set "
+            f"codebook.min_side = codebook.max_side (now {cb.min_side} and {cb.max_side}; the codebook and export "
+            "stages must use that canvas too), or rl.process_weight=0")
+    return per
+
+
 # ----------------------------------------------------------------------------------------------
 # The stage.
 
@@ -168,6 +189,9 @@ def run(
 
     _check(cfg)
     rl, tcfg = cfg.rl, cfg.train.rl
+    # the same condition as the decoder's loading below: refused before anything is loaded or written
+    uses_decoder = rl.process_weight != 0 and (latent_decoder is not None or cfg.latent.source == "codebook")
+    step_codes = process_step_codes(cfg) if uses_decoder else None
     examples = load_examples(cfg, cfg.data.train_split)  # the inputs validate before anything is written
     common.prepare_workdir(cfg, workdir, examples)
     tok = common.get_tokenizer(cfg, workdir, examples)
@@ -252,11 +276,14 @@ def run(
             if cfg.codebook.render_view != "cot":  # the evaluator learnt whole chains, the decoder reads the view
                 print(f"[rl] note: the OCR decoder reads codes back as codebook.render_view={cfg.codebook.render_view} "
                       "text, which the process reward's evaluator (trained on whole CoTs) sees as the CoT", flush=True)
+            if step_codes is not None:
+                print(f"[rl] process reward: generated latents decoded {step_codes} codes a step "
+                      "(codebook.render_unit=step), the steps' texts joined as the CoT", flush=True)
             evaluator = load_evaluator(cfg, workdir, tok, smesh)
             extras["process_reward"] = ProcessReward(
                 decoder, Sampler(evaluator, mesh=smesh, rules=rules, prompt_bucket=bucket, unstack_layers=unstack), tok,
                 max_new_tokens=rl.process_max_new_tokens, max_cot_tokens=rl.process_max_cot_tokens,
-                batch_size=min(rl.process_batch_size, p_g),
+                batch_size=min(rl.process_batch_size, p_g), step_codes=step_codes,
             )
             weights["process"] = rl.process_weight
     grpo_step = GRPOStep(cfg, tok, trainer, sampler, copy, prompt_len=prompt_len, vocab_mask=vocab_mask,

@@ -139,3 +139,12 @@ def test_the_fine_tuning_recipe_refuses_to_start_without_the_checkpoint(tmp_path
     assert not (tmp_path / "w").exists()
     with pytest.raises(ConfigError, match="planning the codebook stage needs it"):
         plan.plan_once(cfg, "codebook", TARGETS["cpu"], {"data": 1, "fsdp": 1, "tensor": 1})
+
+
+def test_a_step_codebook_is_refused_on_the_checkpoint(tmp_path):
+    # render_unit=step is built for the from-scratch encoder: on a checkpoint the stage stops before writing anything
+    cfg = load_config(ROOT / "configs" / "codebook-ocr2.yaml",
+                      [f"codebook.init_from={tmp_path / 'ckpt'}", "codebook.render_unit=step"])
+    with pytest.raises(ConfigError, match="render_unit=step is not supported with codebook.init_from"):
+        codebook.run(cfg, tmp_path / "w")
+    assert not (tmp_path / "w").exists()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from dlr_jax.config import apply_overrides, load_config
+from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.core.sharding import make_mesh
 from dlr_jax.data.sources import load_examples
 from dlr_jax.rewards.answer_format import RewardInputs, register_reward
@@ -231,3 +231,35 @@ def test_bad_rl_config_is_rejected(workdir):
     bad = apply_overrides(cfg, ["rl.group_size=3", "train.rl.batch_size=4", "rl.temperature=0"])
     with pytest.raises(ValueError, match="divisible by train.rl.batch_size=4.*temperature"):
         rl.run(bad, w)
+
+
+def test_a_step_codebook_needs_a_fixed_canvas_for_the_process_reward(workdir, tmp_path, monkeypatch):
+    cfg, w = workdir
+    step = ["codebook.render_unit=step"]
+    assert rl.process_step_codes(cfg) is None  # render_unit chain: the span decodes as one
+    assert rl.process_step_codes(apply_overrides(cfg, [*step, "codebook.min_side=64", "codebook.max_side=64"])) == 1
+    fixed = apply_overrides(cfg, [*step, "codebook.min_side=128", "codebook.max_side=128"])
+    assert rl.process_step_codes(fixed) == 4
+    loose = apply_overrides(cfg, [*step, "codebook.min_side=64", "codebook.max_side=256"])
+    keys = "codebook.min_side = codebook.max_side \\(now 64 and 256.*rl.process_weight=0"
+    with pytest.raises(ConfigError, match=keys):
+        rl.process_step_codes(loose)
+    # refused at the start, before the workdir is touched; no process reward, nothing to refuse
+    with pytest.raises(ConfigError, match="render_unit=step"):
+        rl.run(loose, tmp_path / "untouched", latent_decoder=RecordingDecoder())
+    assert not (tmp_path / "untouched").exists()
+    with pytest.raises(ConfigError, match="render_unit=step"):  # codebook ids: the codebook's decoder would read them
+        rl.run(apply_overrides(loose, ["latent.source=codebook"]), tmp_path / "untouched")
+
+    class Built(Exception):
+        pass
+
+    def capture(*a, step_codes=None, **k):
+        raise Built(step_codes)
+
+    monkeypatch.setattr(rl, "ProcessReward", capture)  # the stage hands the scorer the codes per step
+    other = w.parent / "rl_step_codebook"
+    shutil.copytree(w, other, ignore=shutil.ignore_patterns("rl"))
+    with pytest.raises(Built) as built:
+        rl.run(fixed, other, num_steps=1, latent_decoder=RecordingDecoder())
+    assert built.value.args == (4,)
