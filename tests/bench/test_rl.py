@@ -47,8 +47,9 @@ def test_cli_writes_the_section_with_sane_numbers(tmp_path):
         shares += share
     assert abs(shares - 100) <= 2  # rounded percentages
     assert _number(rows["step"][1]) > 0 and _number(rows["rollout"][1]) > 0 and _number(rows["update"][1]) > 0
-    # One timed step: its phases add up to it (each printed to 1 ms).
-    assert sum(_number(rows[p][1]) for p in bench_rl.PHASES) == pytest.approx(_number(rows["step"][1]), abs=0.003)
+    # One timed step: its phases are parts of it (each printed to 1 ms); what lies between them is the step's own
+    # bookkeeping, whose length depends on the machine's load, so only the bound is asserted.
+    assert sum(_number(rows[p][1]) for p in bench_rl.PHASES) <= _number(rows["step"][1]) + 0.003
     tps = _number(body.split("Rollouts: **")[1])
     assert math.isfinite(tps) and tps > 0
     per_rollout = _number(body.split("8 rollouts x ")[1])
