@@ -57,9 +57,11 @@ def _png_data_uri(image: Any) -> str:
 
 def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str = "gsm8k", n: int = 20,
                questions: Sequence[str] = (), max_latents: int | None = None,
-               data_dir: str | Path | None = None) -> list[dict[str, Any]]:
+               data_dir: str | Path | None = None, decoding: str | None = None) -> list[dict[str, Any]]:
     """One dict per question: id, question, gold_cot, gold_answer, gold_image (data URI or None),
-    latent_codes, decoded_cot, prediction, answer, correct (None without a gold), n_latents."""
+    latent_codes, decoded_cot, prediction, answer, correct (None without a gold), n_latents.
+    decoding: dynamic | constrained (None: the workdir's eval.decoding); constrained opens a latent span for every
+    question, which shows what the codebook reads even from a model that has not learnt to open one itself."""
     from dlr_jax.data.readers import SYNTHETIC_FAMILY
     from dlr_jax.data.render_pipeline import render_config
     from dlr_jax.data.sources import load_examples
@@ -90,7 +92,7 @@ def build_rows(workdir: str | Path, *, stage: str | None = None, benchmark: str 
         model, tok, examples, scored_as, mode="latent", max_new_tokens=ev.max_new_tokens,
         max_latents=max_latents or ev.max_latents, batch_size=min(ev.batch_size, len(examples)),
         prompt_bucket=cfg.sampling.prompt_bucket, unstack_layers=cfg.sampling.unstack,
-        constrain_format=ev.decoding == "constrained", answer_fallback=ev.answer_fallback,
+        constrain_format=(decoding or ev.decoding) == "constrained", answer_fallback=ev.answer_fallback,
     )
     decoded = decoder.decode([s["latent_codes"] for s in res.samples])
     rcfg, view = render_config(cfg.codebook), cfg.codebook.render_view
@@ -242,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--question", action="append", default=[], help="your own question (repeatable; replaces "
                    "the benchmark questions)")
     p.add_argument("--max-latents", type=int, help="latent cap (default: eval.max_latents)")
+    p.add_argument("--decoding", choices=("dynamic", "constrained"),
+                   help="default: the workdir's eval.decoding; constrained always opens a latent span")
     p.add_argument("--data-dir",
                    help="data root (default: $DLR_DATA_DIR, else the checkout's ../shared/data, else its data/)")
     p.add_argument("--html", required=True, help="the standalone HTML file to write")
@@ -253,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     stage = a.stage or default_stage(a.workdir)
     rows = build_rows(a.workdir, stage=stage, benchmark=a.benchmark, n=a.n, questions=a.question,
-                      max_latents=a.max_latents, data_dir=a.data_dir)
+                      max_latents=a.max_latents, data_dir=a.data_dir, decoding=a.decoding)
     what = f"{len(rows)} custom question(s)" if a.question else f"first {len(rows)} {a.benchmark} questions"
     scored = [r["correct"] for r in rows if r["correct"] is not None]
     acc = f"; {sum(scored)}/{len(scored)} correct" if scored else ""

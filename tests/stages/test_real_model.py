@@ -34,6 +34,9 @@ from tests import smollm2 as sm
 from tests.micro import codebook_nets
 
 ROOT = Path(__file__).resolve().parents[2]
+# Every stage of a 135M model is an end-to-end run (`make test-slow`); `make test` keeps the real weights' own proofs
+# (tests/convert/test_gguf.py: logits, generation, loss) and the tiny path through every stage.
+pytestmark = pytest.mark.slow
 CONFIG = ROOT / "configs" / "smollm2-135m.yaml"
 SHRINK = [
     "mesh.fsdp=1", "model.dtype=float32", "model.remat=none",
