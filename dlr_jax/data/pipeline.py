@@ -67,8 +67,9 @@ from grain.experimental import FirstFitPackIterDataset
 
 from dlr_jax.config import ConfigError
 from dlr_jax.data import formats
-from dlr_jax.data.cot_view import cot_view, render_texts
+from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.curriculum import Curriculum, latent_codes, ocr_step, split_cot, step_counts
+from dlr_jax.data.ocr_rows import OCR_KEYS, ocr_fields, step_texts
 from dlr_jax.data.packing import PackStats, pack_stats
 from dlr_jax.data.records import Example
 from dlr_jax.text.ocr_text import encode_target
@@ -78,7 +79,6 @@ log = logging.getLogger(__name__)
 
 STAGES = ("textsft", "align", "sft")
 BATCH_KEYS = ("tokens", "loss_mask", "segment_ids", "positions")
-OCR_KEYS = ("ocr_targets", "ocr_codes", "ocr_code_mask")
 Latents = Mapping[str, Sequence[int]]
 _BATCH_READ_AHEAD = 4  # whole batches tokenised ahead by the reader threads (unpacked)
 _PACK_READ_AHEAD = 64  # sequences tokenised ahead of the packer
@@ -227,80 +227,6 @@ def _tokenise(
     if ocr is not None:
         out |= ocr_fields(item, text_len=ocr[0], num_codes=ocr[1], view=ocr[2], encode=ocr[3], unit=ocr[4])
     return out
-
-
-def ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str = "cot",
-               encode: Any = None, unit: str = "chain") -> dict[str, np.ndarray]:
-    """One row's `OCR_KEYS` (see the module docstring): targets (the CoT as the codebook rendered it,
-    `cot_view`, encoded by `encode(text, text_len) -> (ids, cut)`, default `encode_target`), codes
-    left-padded to num_codes, mask. unit: `codebook.render_unit`; under `step` the target is the latent step
-    `item.ocr_step` alone (`_step_ocr_fields`)."""
-    if unit == "step":
-        return _step_ocr_fields(item, text_len=text_len, num_codes=num_codes, view=view, encode=encode)
-    latent, cot = item.codes, item.example.cot
-    if item.k:  # latent curriculum: the decoder reads back the k latent steps only
-        latent = latent_codes(item.codes, item.steps, item.k)
-        cot, _ = split_cot(cot, len(item.steps), item.k, example_id=item.example.id)
-    n = len(latent)
-    if n > num_codes:
-        raise ValueError(f"example {item.example.id!r} has {n} latent codes, more than num_codes={num_codes}")
-    codes = np.zeros(num_codes, np.int32)
-    mask = np.zeros(num_codes, np.int32)
-    codes[num_codes - n :] = latent
-    mask[num_codes - n :] = 1
-    target = cot_view(cot, view, example_id=item.example.id)
-    encode = encode or encode_target
-    targets = encode(target, text_len)[0]
-    if item.k == 0 and text_len > 1:
-        # No latent step, nothing to read back: every target is the encoder's padding (its last entry for an
-        # empty text), which the OCR losses weigh 0. The codes stay the whole span's, so no row attends to nothing.
-        targets = np.full_like(targets, encode("", text_len)[0][-1])
-    return {"ocr_targets": targets, "ocr_codes": codes, "ocr_code_mask": mask}
-
-
-def step_texts(item: Item, view: str) -> list[str]:
-    """The texts of `item`'s latent steps as a step codebook rendered them (`render_texts` under `step`), one per
-    step of its span; raises when the span's steps and the CoT's do not pair up."""
-    texts = render_texts(item.example.cot, view, "step", example_id=item.example.id)
-    steps = item.steps or (len(item.codes),)
-    if len(texts) != len(steps):
-        raise ValueError(
-            f"example {item.example.id!r}: its latent span has {len(steps)} steps but the codebook renders "
-            f"{len(texts)} (cot_view.step_views under codebook.render_view={view}); the dual branch reads one step's "
-            "codes back as that step's text, so the latents must be exported under codebook.render_unit=step")
-    return texts
-
-
-def _step_ocr_fields(item: Item, *, text_len: int, num_codes: int, view: str, encode: Any) -> dict[str, np.ndarray]:
-    # One latent step's codes -> that step's text, what a step codebook's decoder was trained on.
-    steps = item.steps or (len(item.codes),)
-    k = len(steps) if item.k is None else item.k
-    texts = step_texts(item, view)
-    encode = encode or encode_target
-    if k and item.ocr_step is None:
-        raise ValueError(f"example {item.example.id!r}: no latent step drawn for its OCR target (_assign_ocr_step)")
-    j = item.ocr_step if k else 0
-    if not 0 <= j < max(k, 1):
-        raise ValueError(f"example {item.example.id!r}: OCR step {j} is not one of its {k} latent steps")
-    start = sum(steps[:j])
-    codes, mask = _left_pad(item.codes[start:start + steps[j]], num_codes, item.example.id)
-    targets = encode(texts[j], text_len)[0]
-    if not k and text_len > 1:
-        # No latent step, nothing to read back: every target is the padding (weighed 0); step 0's codes keep
-        # the row from attending to nothing.
-        targets = np.full_like(targets, encode("", text_len)[0][-1])
-    return {"ocr_targets": targets, "ocr_codes": codes, "ocr_code_mask": mask}
-
-
-def _left_pad(latent: Sequence[int], num_codes: int, example_id: str) -> tuple[np.ndarray, np.ndarray]:
-    n = len(latent)
-    if n > num_codes:
-        raise ValueError(f"example {example_id!r} has {n} latent codes, more than num_codes={num_codes}")
-    codes = np.zeros(num_codes, np.int32)
-    mask = np.zeros(num_codes, np.int32)
-    codes[num_codes - n :] = latent
-    mask[num_codes - n :] = 1
-    return codes, mask
 
 
 def _pad(seq: Mapping[str, np.ndarray], *, max_len: int, pad_id: int) -> dict[str, np.ndarray]:

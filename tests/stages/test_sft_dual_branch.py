@@ -20,7 +20,8 @@ from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.core.sharding import make_mesh
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.latents import latents_path, write_latents
-from dlr_jax.data.pipeline import OCR_KEYS, Item, build_sequence, filter_by_length, make_stage_dataset
+from dlr_jax.data.ocr_rows import OCR_KEYS
+from dlr_jax.data.pipeline import Item, build_sequence, filter_by_length, make_stage_dataset
 from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
@@ -159,7 +160,7 @@ def test_a_step_codebook_branch_reads_one_step_a_row(tmp_path):
     meta = {"kind": "codebook", "model": CodebookModelConfig.from_config(cfg).to_dict(),
             "codebook": {"render_view": "cot", "render_unit": "step"}}
     (d / "meta.json").write_text(json.dumps(meta))
-    # the pipeline's per-step targets (tests/data/test_pipeline_step_ocr.py), as the codebook trained its decoder
+    # the pipeline's per-step targets (tests/data/test_ocr_rows.py), as the codebook trained its decoder
     assert sft.resolve_dual_branch(cfg, tmp_path).data_kwargs() == {"ocr_text_len": 64, "ocr_view": "cot",
                                                                     "ocr_unit": "step"}
 
