@@ -1,4 +1,4 @@
-"""`make demo`: the whole pipeline on the tiny CPU config (configs/tiny.yaml, synthetic data).
+"""`make demo`: the whole pipeline on the small-scale recipe (configs/small/synthetic.yaml, synthetic data).
 
 1. HF interop + sampling: a tiny random `transformers` Llama is saved, imported with
    `dlr_jax.convert`, round-tripped through Orbax, and both libraries decode the same prompts
@@ -6,10 +6,10 @@
 2. The DLR pipeline: textsft (CoT-SFT, Direct-SFT) -> codebook -> export -> align -> sft -> rl,
    then evaluation of every method on the synthetic test split, printed as one table, and an HTML
    report (<workdir>/pipeline/report.html) showing a few test questions' latents decoded back to text.
-   The latents are the codebook's ids of each rendered CoT (`latent.source=codebook`, this demo's
-   default; its codebook main phase and GRPO are shorter than tiny.yaml's, see DEMO_OVERRIDES);
-   `--set latent.source=random` gives fixed pseudo-random ids with no content instead (no codebook
-   stage: about half the time, and DLR has nothing to read).
+   The latents are the codebook's ids of each CoT step's rendered result (`codebook.render_unit=step`; its
+   schedules are shorter than the recipe's, see DEMO_OVERRIDES); `--config configs/tiny.yaml` runs the paper's
+   whole-chain rendering at the same size, `--set latent.source=random` fixed pseudo-random ids with no content
+   (no codebook stage, and DLR has nothing to read).
    Finished stages are skipped when the demo is rerun (each stage also resumes mid-way).
 """
 
@@ -158,24 +158,22 @@ def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
     return html
 
 
-# Real latents by default: the codebook's ids of each rendered CoT (configs/tiny.yaml's own default is
-# random ids, which the unit tests use: no codebook stage to run first). Shorter than tiny.yaml, so that the demo
-# fits 15 minutes on a 2-core CPU from a fresh clone, with room for a slow hour of a shared machine (timed in
-# BENCHMARKS.md, section "`make demo` pipeline"), without losing what it shows:
-# - the codebook's main phase: 150 steps after the 300-step warm-up, not 800: the true ids already read back
-#   clearly better than shuffled ones (held-out CER). The warm-up cannot shrink: shorter, or at twice the learning
-#   rate, the ids carry nothing (CER true = shuffled);
-# - GRPO: 10 steps, not 40 (two evaluations of its pool reward, at steps 0 and 10).
-# The compared methods' own budgets (Direct 300, CoT 800, DLR 800 + 100 align + 400 SFT) are tiny.yaml's: with
-# fewer SFT steps DLR-SFT's lead over Direct-SFT shrank.
-DEMO_OVERRIDES = ["latent.source=codebook", "codebook.train.num_steps=150", "codebook.alpha_steps=75",
-                  "codebook.dead_code_every=75", "train.rl.num_steps=10"]
+# The small-scale recipe (configs/small/synthetic.yaml: step-aligned visual latents), shortened so that the demo
+# fits 15 minutes on a 2-core CPU from a fresh clone (timed in BENCHMARKS.md, section "`make demo`"):
+# - the codebook: a 500-step continuous warm-up and 600 main steps (the recipe: 1,000 and 1,200), its dead codes
+#   restarted from 8 batches of features (the recipe: 16);
+# - DLR-SFT 400 steps (the recipe: 1,600), and Direct-SFT trained as long as DLR in all (800 CoT-SFT + 100 align +
+#   400 SFT = 1,300 steps), so that the Direct-SFT row is the budget-matched baseline;
+# - GRPO: 10 steps, not 40 (its held-out reward at steps 0 and 10).
+DEMO_OVERRIDES = ["codebook.warmup_steps=500", "codebook.train.num_steps=600", "codebook.alpha_steps=150",
+                  "codebook.dead_code_batches=8", "train.sft.num_steps=400", "train.textsft_direct.num_steps=1300",
+                  "train.rl.num_steps=10"]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="runs/demo", help="where checkpoints and results go")
-    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"))
+    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs/small/synthetic.yaml"))
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, after the demo's own (" + " ".join(DEMO_OVERRIDES) + "): yours win")
     ap.add_argument("--skip-pipeline", action="store_true", help="only the interop + sampling check")
@@ -206,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['L']:>6.2f} {r['gen_tokens']:>11.1f}  {r['steps']}")
     print("#L = the reasoning length as the paper counts it: latent tokens for DLR (boundaries not counted), "
           "CoT tokens before <answer> for CoT-SFT, 0 for Direct-SFT; gen tokens = all generated tokens.")
-    print("Read DLR's rows with their budgets: on configs/tiny.yaml DLR trains after CoT-SFT, i.e. longer than "
-          "Direct-SFT, and with Direct-SFT and CoT-SFT trained as long it tied Direct-SFT (3 seeds, BENCHMARKS.md); "
-          "`python -m dlr_jax.experiments main --matched-baselines` measures that comparison.")
+    print("Direct-SFT trains as many steps as DLR-SFT in all (the CoT-SFT model it starts from included): the "
+          "budget-matched baseline. `python -m dlr_jax.experiments main --seeds 3 --matched-baselines --config "
+          "configs/small/synthetic.yaml` runs the full recipe over seeds, with CoT-SFT on that budget too.")
     return 0
 
 

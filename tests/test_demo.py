@@ -8,7 +8,9 @@ from pathlib import Path
 from dlr_jax.config import load_config
 from dlr_jax.demo import DEMO_OVERRIDES, training_budgets
 
-TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+SMALL = ROOT / "configs" / "small" / "synthetic.yaml"  # the demo's default config
 
 
 def test_the_demo_table_gives_each_method_its_training_steps():
@@ -26,14 +28,20 @@ def test_the_demo_table_gives_each_method_its_training_steps():
     assert own["DLR-SFT"] == f"{t.align.num_steps} align + {t.sft.num_steps} SFT"
 
 
-def test_the_demo_shortens_the_codebook_main_phase_but_not_its_warm_up():
-    """The demo's codebook trains 150 main steps instead of tiny.yaml's 800; the 300-step continuous warm-up is
-    what makes its ids carry the CoT (a 150-step warm-up gave CER true = shuffled, BENCHMARKS.md) and must stay."""
-    tiny, demo = load_config(TINY), load_config(TINY, list(DEMO_OVERRIDES))
-    assert demo.latent.source == "codebook"
-    assert demo.codebook.train.num_steps < tiny.codebook.train.num_steps
-    assert demo.codebook.alpha_steps <= demo.codebook.train.num_steps  # alpha reaches 0 inside the main phase
-    assert demo.codebook.warmup_steps == tiny.codebook.warmup_steps >= 300
-    # the compared methods' own budgets are tiny.yaml's
-    for stage in ("textsft", "textsft_direct", "align", "sft"):
-        assert getattr(demo.train, stage).num_steps == getattr(tiny.train, stage).num_steps
+def test_the_demo_runs_the_small_recipe_shortened_with_direct_sft_on_dlrs_budget():
+    """The demo's config is the small-scale recipe (step-aligned visual latents), its schedules shortened; the
+    Direct-SFT row is the budget-matched baseline: as many steps as DLR-SFT's CoT-SFT start + align + SFT."""
+    from dlr_jax.demo import main
+
+    recipe, demo = load_config(SMALL), load_config(SMALL, list(DEMO_OVERRIDES))
+    assert demo.latent.source == "codebook" and demo.codebook.render_unit == "step"
+    assert demo.latent.codebook_init == recipe.latent.codebook_init
+    t = demo.train
+    assert t.textsft_direct.num_steps == t.textsft.num_steps + t.align.num_steps + t.sft.num_steps
+    for key in ("warmup_steps",):
+        assert 0 < getattr(demo.codebook, key) < getattr(recipe.codebook, key)
+    assert 0 < demo.codebook.alpha_steps <= demo.codebook.train.num_steps < recipe.codebook.train.num_steps
+    assert demo.train.sft.num_steps < recipe.train.sft.num_steps and 0 < t.rl.num_steps < recipe.train.rl.num_steps
+    import inspect
+
+    assert '"configs/small/synthetic.yaml"' in inspect.getsource(main)  # the parser's --config default

@@ -68,6 +68,11 @@ class LatentConfig:
     # random: fixed pseudo-random ids per example (pipeline checks before a codebook exists);
     # step_results: one code per CoT step <<a+b=c>> holding c, a perfect-codebook control (data/latents.py).
     source: str = "codebook"
+    # The LM's codebook C (its latent rows are P_in(c_k), P_out(c_k)) at the start of align: stage = the codebook
+    # stage's as it is (the paper); standardized = that codebook z-scored per dimension over its K codes (the codes'
+    # geometry kept, the scale of N(0, 1) rows, so SFT's updates can move look-alike codes apart); random = N(0, 1)
+    # rows (the ids alone carry the images). Ours; see configs/small/synthetic.yaml for why.
+    codebook_init: str = "stage"
     # Stage sft's dual branch (stages/sft.py, models/dual_branch.py): the codebook stage's OCR decoder keeps
     # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process
     # reward then decodes with it). auto: on iff <workdir>/codebook/final exists and source=codebook;
@@ -90,6 +95,9 @@ class LatentConfig:
         object.__setattr__(self, "dual_branch", auto_on_off(self.dual_branch, "latent.dual_branch"))
         if self.dual_branch_weight < 0:
             raise ConfigError(f"latent.dual_branch_weight must be >= 0, got {self.dual_branch_weight}")
+        if self.codebook_init not in CODEBOOK_INITS:
+            raise ConfigError(f"latent.codebook_init must be one of {'|'.join(CODEBOOK_INITS)}, "
+                              f"got {self.codebook_init!r}")
         if self.curriculum is False:
             object.__setattr__(self, "curriculum", "off")
         if self.curriculum not in CURRICULA:
@@ -100,6 +108,7 @@ class LatentConfig:
             raise ConfigError(f"latent.curriculum_k_min must be >= 0, got {self.curriculum_k_min}")
 
 
+CODEBOOK_INITS = ("stage", "standardized", "random")  # latent.codebook_init (dlr_jax/stages/latent_common.py)
 CURRICULA = ("off", "stagewise", "random")  # latent.curriculum (dlr_jax/data/curriculum.py)
 
 
@@ -350,6 +359,9 @@ class CodebookConfig:
     kmeans_iters: int = 10
     dead_code_every: int = 0  # refresh unused codes every this many steps (0 = never)
     dead_code_batches: int = 4  # batches whose features decide which codes are dead and replace them
+    # which of those features a dead code takes: random | farthest (from their nearest live code first: the
+    # inputs that share a code get codes of their own; dlr_jax.models.vq.refresh_dead_codes)
+    dead_code_pick: str = "random"
     eval_batch_size: int = 64  # greedy CER decoding and export
     train: TrainConfig = dataclasses.field(
         default_factory=lambda: TrainConfig(learning_rate=1e-4, batch_size=32, num_steps=2000)
@@ -377,6 +389,8 @@ class CodebookConfig:
             object.__setattr__(self, key, check_dtype(getattr(self, key), f"codebook.{key}"))
         if self.render_view not in RENDER_VIEWS:
             raise ConfigError(f"codebook.render_view must be one of {'|'.join(RENDER_VIEWS)}, got {self.render_view!r}")
+        if self.dead_code_pick not in ("random", "farthest"):
+            raise ConfigError(f"codebook.dead_code_pick must be random or farthest, got {self.dead_code_pick!r}")
         if self.render_unit not in RENDER_UNITS:
             raise ConfigError(f"codebook.render_unit must be one of {'|'.join(RENDER_UNITS)}, got {self.render_unit!r}")
         if self.encoder not in ENCODERS:

@@ -204,8 +204,14 @@ def refresh_dead_codes(
     threshold: float,
     *,
     noise_scale: float = 0.01,
+    pick: str = "random",
 ) -> tuple[Array, Array]:
     """Replaces codes whose EMA usage is below `threshold` with recent features plus small noise.
+
+    `pick`: which features the dead codes take. "random": a random order of the features. "farthest": the
+    features farthest from their nearest live code first, so a dead code lands where the live codes quantize
+    worst (two inputs that share a code: the features of the one the code sits farther from) instead of
+    mostly on the frequent inputs, which live codes already hold.
 
     Args:
       codebook [K, d]; usage_ema [K] (or a `UsageEMA`, bias-corrected here); recent_features
@@ -213,12 +219,18 @@ def refresh_dead_codes(
     Returns:
       (new codebook [K, d], dead [K] bool). Distinct features are used while #dead <= M.
     """
+    if pick not in ("random", "farthest"):
+        raise ValueError(f"pick must be 'random' or 'farthest', got {pick!r}")
     usage = usage_ema_value(usage_ema) if isinstance(usage_ema, UsageEMA) else usage_ema
     feats = recent_features.reshape(-1, codebook.shape[-1]).astype(jnp.float32)
     m = feats.shape[0]
     dead = usage < threshold
     k_perm, k_noise = jax.random.split(rng)
-    perm = jax.random.permutation(k_perm, m)
+    if pick == "random":
+        perm = jax.random.permutation(k_perm, m)
+    else:  # distance to the nearest live code, largest first (ties: the feature order)
+        d2 = jnp.where(dead[None, :], jnp.inf, squared_distances(feats, codebook.astype(jnp.float32)))
+        perm = jnp.argsort(-jnp.min(d2, axis=-1), stable=True)
     rank = jnp.cumsum(dead.astype(jnp.int32)) - 1  # the r-th dead code takes the r-th feature
     picked = feats[perm[jnp.maximum(rank, 0) % m]]
     std = jnp.std(feats, axis=0)

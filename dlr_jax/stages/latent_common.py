@@ -52,6 +52,21 @@ def stage_codebook(workdir: str | Path) -> np.ndarray | None:
     return np.load(f) if f.is_file() else None
 
 
+def initial_codebook(codebook: np.ndarray | None, how: str) -> np.ndarray | None:
+    """The LM's codebook at the start of align (`latent.codebook_init`): the stage's `codebook` [K, d_c] as it is
+    ("stage"), z-scored per dimension over its K rows ("standardized"; a constant dimension stays 0), or None
+    ("random": the LM draws N(0, 1) rows). None in, None out (no codebook stage: random rows either way)."""
+    if codebook is None or how == "stage":
+        return codebook
+    if how == "random":
+        return None
+    if how != "standardized":
+        raise ValueError(f"codebook_init must be stage, standardized or random, got {how!r}")
+    c = np.asarray(codebook, np.float64)
+    std = c.std(axis=0)
+    return ((c - c.mean(axis=0)) / np.where(std > 0, std, 1.0)).astype(np.float32)
+
+
 def load_backbone_for_latents(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
     """The backbone the latent stages start from: the HF checkpoint when `init_from` is set, else
     (tiny from-scratch configs) the CoT-SFT model of the textsft stage."""
@@ -70,7 +85,7 @@ def new_latent_lm(cfg: Config, workdir: str | Path, tok: Tokenizer, mesh: Mesh):
     from dlr_jax.models.latent_lm import LatentLM
 
     backbone = load_backbone_for_latents(cfg, workdir, tok, mesh)
-    codebook = stage_codebook(workdir)
+    codebook = initial_codebook(stage_codebook(workdir), cfg.latent.codebook_init)
     kwargs: dict[str, Any] = dict(
         tie_projectors=cfg.latent.tie_projectors, codebook_trainable=cfg.latent.train_codebook_in_sft
     )

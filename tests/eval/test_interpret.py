@@ -87,9 +87,11 @@ def test_headless_chromium_shows_the_report(workdir, tmp_path):
 
 def test_the_demo_ends_with_a_report_of_its_latents(workdir, capsys):
     """`make demo`'s last step (dlr_jax.demo.report_demo) on a workdir of the stages' formats."""
+    from dlr_jax.config import load_config
     from dlr_jax.demo import DEMO_OVERRIDES, report_demo
 
-    assert "latent.source=codebook" in DEMO_OVERRIDES  # the demo shows real latents unless told otherwise
+    demo = load_config("configs/small/synthetic.yaml", list(DEMO_OVERRIDES))
+    assert demo.latent.source == "codebook"  # the demo shows real latents unless told otherwise
     html = report_demo(workdir, "sft", "synthetic", n=3)
     assert html == workdir / "report.html" and html.stat().st_size > 0
     rows = [json.loads(line) for line in html.with_suffix(".jsonl").read_text().splitlines()]

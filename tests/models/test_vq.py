@@ -267,6 +267,28 @@ def test_refresh_replaces_exactly_the_dead_codes():
     np.testing.assert_allclose(np.asarray(new2), np.asarray(new), atol=1e-6)
 
 
+def test_refresh_farthest_gives_dead_codes_the_worst_quantized_features():
+    # two live codes at 0 and 10 (1-d in 4 dims); features near each, and a cluster at 30 that code 10 holds badly
+    live = np.zeros((6, 4), np.float32)
+    live[1, 0] = 10.0
+    usage = jnp.asarray([5.0, 5.0, 0.0, 0.0, 0.0, 0.0])
+    rng = np.random.default_rng(0)
+    near = rng.normal(scale=0.1, size=(12, 4)).astype(np.float32) + np.where(np.arange(12)[:, None] % 2, 10.0, 0.0) * (
+        np.arange(4)[None] == 0)
+    far = rng.normal(scale=0.1, size=(4, 4)).astype(np.float32) + 30.0 * (np.arange(4)[None] == 0)
+    feats = jnp.asarray(np.concatenate([near, far]))  # the far ones last: a random order rarely puts all 4 first
+    refresh = jax.jit(refresh_dead_codes, static_argnames=("threshold", "pick"))
+    new, dead = refresh(jnp.asarray(live), usage, feats, jax.random.key(0), threshold=0.5, pick="farthest")
+    np.testing.assert_array_equal(np.asarray(dead), [False, False, True, True, True, True])
+    fresh = np.asarray(new)[2:]
+    assert np.all(np.abs(fresh[:, 0] - 30.0) < 1.0), fresh[:, 0]  # all four dead codes take the cluster at 30
+    np.testing.assert_array_equal(np.asarray(new)[:2], live[:2])
+    rand, _ = refresh(jnp.asarray(live), usage, feats, jax.random.key(0), threshold=0.5, pick="random")
+    assert np.sum(np.abs(np.asarray(rand)[2:, 0] - 30.0) < 1.0) < 4  # what "random" gives on the same inputs
+    with pytest.raises(ValueError, match="pick"):
+        refresh_dead_codes(jnp.asarray(live), usage, feats, jax.random.key(0), 0.5, pick="nearest")
+
+
 def test_kmeans_recovers_well_separated_clusters():
     centers, x = _clusters(0, n_clusters=6, per=150, d=8)
     cb, hist = kmeans_init(x, 6, rng=jax.random.key(0), iters=10, batch_size=128)

@@ -251,7 +251,7 @@ def _set_codebook(trainer: Trainer, value: np.ndarray) -> None:
     var.set_value(put_global(np.asarray(value, old.dtype), old.sharding))  # multi-process safe
 
 
-def refresh_codes(trainer: Trainer, plan: rp.BatchPlan, num_batches: int, seed: int) -> int:
+def refresh_codes(trainer: Trainer, plan: rp.BatchPlan, num_batches: int, seed: int, pick: str = "random") -> int:
     """Replaces codes no probe feature picks with probe features (+ noise); returns how many. The codebook
     and the features are host copies (the same on every process), so the new rows are too."""
     model = nnx.merge(trainer.graphdef, trainer.params, trainer.rest)
@@ -260,7 +260,7 @@ def refresh_codes(trainer: Trainer, plan: rp.BatchPlan, num_batches: int, seed: 
     codebook = jnp.asarray(host_value(trainer.params["vq"]["codebook"].get_value()))
     counts, _, _ = code_usage(nearest_codes(feats, codebook), model.cfg.num_codes)
     key = jax.random.fold_in(jax.random.key(seed), trainer.step)
-    new, dead = refresh_dead_codes(codebook, counts.astype(jnp.float32), feats, key, 0.5)
+    new, dead = refresh_dead_codes(codebook, counts.astype(jnp.float32), feats, key, 0.5, pick=pick)
     _set_codebook(trainer, np.asarray(new))
     return int(jnp.sum(dead))
 
@@ -378,7 +378,8 @@ def run(cfg: Config, workdir: str | Path, *, num_steps: int | None = None) -> di
         try:
             while trainer.step < total and not (result and result.preempted):
                 if trainer.step and trainer.step % cb.dead_code_every == 0:
-                    refreshed.append((trainer.step, refresh_codes(trainer, plan, cb.dead_code_batches, seed)))
+                    dead = refresh_codes(trainer, plan, cb.dead_code_batches, seed, cb.dead_code_pick)
+                    refreshed.append((trainer.step, dead))
                 result = trainer.fit(feed, min(total, (trainer.step // cb.dead_code_every + 1) * cb.dead_code_every),
                                      resume=False, bar_total=total, window=window)
             result = result or trainer.fit(feed, total, resume=False, window=window)
