@@ -56,9 +56,10 @@ class DataConfig:
     # synthetic_cot_style=natural) or "natural" (the solution with its annotations removed).
     gsm8k_cot: str = "equations"
     num_workers: int = 0  # grain worker processes (0 = in-process)
-    # Several examples a row (textsft, align, sft without the dual branch): grain's first-fit packer, segment ids
-    # keep each example's attention and loss its own, so a step trains what padded rows would (tests/stages/
-    # test_packing.py); an epoch (num_epochs) is then fewer steps, counted from the examples' lengths (data/packing.py)
+    # Several examples a row (textsft, align, sft; its dual branch gets one OCR row per segment, data/ocr_rows.py):
+    # grain's first-fit packer, segment ids keep each example's attention and loss its own, so a step trains what
+    # padded rows would (tests/stages/test_packing.py); an epoch (num_epochs) is then fewer steps, counted from the
+    # examples' lengths (data/packing.py)
     pack: bool = False
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.
     # rl_split: part of train_split held out for stage rl; SFT-side stages (textsft, sft; align unless

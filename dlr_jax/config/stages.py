@@ -76,7 +76,7 @@ class LatentConfig:
     # Stage sft's dual branch (stages/sft.py, models/dual_branch.py): the codebook stage's OCR decoder keeps
     # training to read the CoT back from sg(E_lat(z)) and is saved to <workdir>/sft/decoder (RL's process
     # reward then decodes with it). auto: on iff <workdir>/codebook/final exists and source=codebook;
-    # on: required (an error names what is missing); off. Needs data.pack=false. YAML's bare on/off
+    # on: required (an error names what is missing); off. data.pack=true: one OCR row per segment. YAML's bare on/off
     # (booleans) are accepted. Loss: LM token-mean CE + dual_branch_weight * OCR char-mean CE. Under
     # codebook.render_unit=step the decoder reads one step's codes back as that step's text, as the codebook
     # trained it: one latent step per row, drawn per example: an unbiased sample of the per-step loss.

@@ -2,6 +2,8 @@
 batch): the latent codes the OCR decoder reads, left-padded, and the text it must read back from them. Under
 `codebook.render_unit=step` a row reads back one latent step (the one `item.ocr_step` names), which is what a step
 codebook's decoder was trained on; under `chain` the whole span (or, with a latent curriculum, its first k steps).
+Packed rows (data.pack=true) carry these fields per segment, `slots` of them a row, placed by the packer (the last
+section says how and why).
 """
 
 from __future__ import annotations
@@ -87,3 +89,45 @@ def left_pad(latent: Sequence[int], num_codes: int, example_id: str) -> tuple[np
     codes[num_codes - n :] = latent
     mask[num_codes - n :] = 1
     return codes, mask
+
+
+# ---- packed rows (data.pack=true): one OCR row per segment, `slots` of them per token row ----------------------
+#
+# A packed row holds several examples (segments 1..s), and the OCR branch reads one example's codes at a time, so a
+# packed batch carries the OCR fields per segment: [b, slots, ...], slot j - 1 holding segment j's fields, unused
+# slots an empty row (code 0 unmasked, every target the encoder's padding) that every OCR sum weighs 0. The design is
+# grain's packer placing them itself: each example's fields enter it as a length-1 sequence of a feature `slots`
+# long, so they land in the same bin, at the index of the example's segment, by the very add that places its tokens:
+# the pairing cannot drift from the tokens'. `slots` is fixed for the dataset (no recompiles) and is the most
+# segments a row can hold (max_len // the shortest sequence), so the cap never changes what the packer does (with a
+# latent curriculum the lengths are each example's longest row, so a shorter mix may meet the cap: the packer then
+# opens another row, which changes no loss). The loss (`stages.sft.ocr_terms`) reads the [b, slots] rows as
+# b * slots OCR rows; since every OCR quantity it takes is a sum over OCR rows (NLL, target count, correct count),
+# packed and padded batches of the same examples give the same OCR loss and gradients. (Character dropout,
+# codebook.char_dropout, draws its mask over the rows it is given: the same in distribution, not the same draw.)
+# The cost: `slots` OCR rows a token row, the unused ones computed for nothing.
+
+
+def ocr_slots(lengths: Sequence[int], max_len: int) -> int:
+    """OCR rows per packed token row: the most sequences of these lengths that fit one row of max_len tokens."""
+    return max(1, max_len // max(1, min(lengths, default=max_len)))
+
+
+def as_slot(seq: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One tokenised example with its `OCR_KEYS` as a length-1 sequence ([1, ...]): the unit the packer places."""
+    return seq | {k: seq[k][None] for k in OCR_KEYS}
+
+
+def slot_structs(slots: int, text_len: int, encode: Any = None) -> tuple[dict[str, int], dict[str, int]]:
+    """(length_struct, padding_struct) of the `OCR_KEYS` for grain's packer: `slots` per row; an unused slot's
+    targets are the encoder's padding (its last entry for an empty text), its codes 0 and all unmasked (so it
+    attends to something: no NaN that a zero weight could not cancel)."""
+    pad = int((encode or encode_target)("", text_len)[0][-1])
+    return ({k: slots for k in OCR_KEYS},
+            {"ocr_targets": pad, "ocr_codes": 0, "ocr_code_mask": 1})
+
+
+def packed_ocr(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A packed row's OCR fields [slots, ...] and `ocr_segment_ids` [slots]: the segment each slot holds (0 unused)."""
+    out = {k: row[k].astype(np.int32) for k in OCR_KEYS}
+    return out | {"ocr_segment_ids": row["ocr_codes_segment_ids"].astype(np.int32)}

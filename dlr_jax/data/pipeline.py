@@ -15,7 +15,7 @@ A batch is a dict of numpy arrays, each [batch_size, max_len] int32:
     segment_ids  0 on padding, 1.. for the sequences packed into a row (always 1 without packing)
     positions    0.. restarting at every segment (0 on padding)
 
-Stage sft's dual branch (`ocr_text_len > 0`, unpacked only) adds, per row (one example):
+Stage sft's dual branch (`ocr_text_len > 0`) adds, per row (one example):
 
     ocr_targets    [b, ocr_text_len] the CoT as OCR-decoder char ids (`ocr_text.encode_target`:
                    chars, <eos>, <pad>...; longer CoTs are cut), or as `ocr_encode` writes it (an OCR-2
@@ -29,6 +29,11 @@ was trained to read one step's codes back as that step's text, so a row's target
 (`curriculum.ocr_step`: drawn per example and epoch over the row's k latent steps, all of them without a
 curriculum): ocr_codes are step j's codes, ocr_targets its `cot_view.step_views` text, and N the most codes
 any step has.
+
+Packed (`pack=True`), a row holds several examples, so these fields come per segment: [b, S, ...] with S =
+`ocr_rows.ocr_slots` (the most sequences a row can hold), slot j - 1 holding segment j's fields, and
+`ocr_segment_ids` [b, S] naming each slot's segment (0: unused, an empty row the OCR loss weighs 0); see
+`ocr_rows` for why.
 
 `batch_size` is the number of rows this iterator yields: the per-process batch. One data order for
 any topology: every process builds the same *global* stream (the length-filtered examples shuffled
@@ -69,7 +74,7 @@ from dlr_jax.config import ConfigError
 from dlr_jax.data import formats
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.curriculum import Curriculum, latent_codes, ocr_step, split_cot, step_counts
-from dlr_jax.data.ocr_rows import OCR_KEYS, ocr_fields, step_texts
+from dlr_jax.data.ocr_rows import OCR_KEYS, as_slot, ocr_fields, ocr_slots, packed_ocr, slot_structs, step_texts
 from dlr_jax.data.packing import PackStats, pack_stats
 from dlr_jax.data.records import Example
 from dlr_jax.text.ocr_text import encode_target
@@ -262,7 +267,8 @@ def _assign_ocr_step(position: int, item: Item, *, seed: int, epoch_size: int) -
 
 
 def _rename_packed(row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {
+    ocr = packed_ocr(dict(row)) if OCR_KEYS[0] in row else {}
+    return ocr | {
         "tokens": row["tokens"].astype(np.int32),
         "loss_mask": row["loss_mask"].astype(np.int32),
         "segment_ids": row["tokens_segment_ids"].astype(np.int32),
@@ -306,7 +312,7 @@ def make_stage_dataset(
     processes. num_packing_bins: rows the first-fit packer fills at once (default batch_size).
     num_threads: grain reader threads per process that tokenise ahead of the consumer (0 = on
     demand, in the caller's thread). ocr_text_len: > 0 adds stage sft's dual-branch fields
-    (`OCR_KEYS`, see the module docstring); needs stage sft and pack=False. ocr_view: what of each CoT
+    (`OCR_KEYS`, see the module docstring; packed: per segment); needs stage sft. ocr_view: what of each CoT
     the OCR targets hold (`codebook.render_view`, `cot_view`). ocr_encode: `(text, length) -> (ids [length],
     cut)`, a picklable top-level callable; None = `ocr_text.encode_target` (characters). vocab_size: the model's
     embedding rows; every example's ids are checked against it up front (`check_token_range`). ocr_unit:
@@ -327,11 +333,8 @@ def make_stage_dataset(
     )
     ocr = None
     if ocr_text_len > 0:
-        if stage != "sft" or pack:
-            raise ValueError(
-                f"ocr_text_len (the sft dual branch) needs stage 'sft' without packing; got stage={stage!r}, "
-                f"pack={pack}"
-            )
+        if stage != "sft":
+            raise ValueError(f"ocr_text_len (the sft dual branch) needs stage 'sft', got stage={stage!r}")
         # Over every kept example, before sharding: the same N on every process and every batch.
         encode = ocr_encode or encode_target
         unit = "characters" if ocr_encode is None else "tokens"
@@ -366,13 +369,18 @@ def make_stage_dataset(
         ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
         ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
         if pack:
+            lengths_struct, padding = {"tokens": max_len, "loss_mask": max_len}, {"tokens": tok.pad_id, "loss_mask": 0}
+            if ocr is not None:  # one OCR row per segment, placed by the packer (ocr_rows)
+                ds = ds.map(as_slot)
+                slots, pads = slot_structs(ocr_slots(lengths, max_len), ocr_text_len, ocr[3])
+                lengths_struct, padding = lengths_struct | slots, padding | pads
             it = FirstFitPackIterDataset(
                 ds.to_iter_dataset(read_options(num_threads, _PACK_READ_AHEAD)),
-                length_struct={"tokens": max_len, "loss_mask": max_len},
+                length_struct=lengths_struct,
                 num_packing_bins=num_packing_bins or batch_size,
                 seed=seed,
                 meta_features=("loss_mask",),
-                padding_struct={"tokens": tok.pad_id, "loss_mask": 0},
+                padding_struct=padding,
             )
             it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
             # Each process packs its own slice with its own bins; replayed here on the global stream with as many

@@ -144,6 +144,10 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
         model, loss, trainable, extra = _dual_branch(cfg, model, trainable, vocab_mask)
         fields |= extra
         notes.append("with the dual-branch OCR decoder")
+        if cfg.data.pack:  # packed rows carry one OCR row per segment slot, a count known only from the data
+            notes.append("packed rows: the OCR branch is planned at one OCR row per token row; the run reads one per "
+                         "segment slot (data.ocr_rows.ocr_slots: max_len // the shortest sequence), up to that many "
+                         "times this OCR cost")
     graphdef, params, rest = nnx.split(model, trainable, ...)
     p_abs, p_sh = _state_abstract(params, mesh, rules)
     r_abs, r_sh = _state_abstract(rest, mesh, rules)

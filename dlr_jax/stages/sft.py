@@ -4,12 +4,12 @@ the question x; backbone, projectors and (by config) the codebook train, startin
 Dual branch (`dlr_jax.models.dual_branch`): with `latent.dual_branch` on (auto: when
 <workdir>/codebook/final exists and latent.source=codebook) the codebook stage's OCR decoder trains
 in parallel to reconstruct the CoT y from sg(E_lat(z)); the stop-gradient isolates it from the LM.
-Batches then carry `ocr_targets` / `ocr_codes` / `ocr_code_mask` (`data.pipeline`, unpacked rows
-only). The loss is the LM's token-mean CE plus latent.dual_branch_weight times the decoder's
-char-mean CE (`dual_branch_loss`; under train.sft.loss_reduction=sum, the paper's, both CEs are sums
-over each example's tokens / characters, averaged over examples); metrics add lm_ce, ocr_ce and
-ocr_char_accuracy. The decoder uses the codebook stage's input-character dropout (codebook.char_dropout)
-and sft's optimizer.
+Batches then carry `ocr_targets` / `ocr_codes` / `ocr_code_mask` (`data.pipeline`: one per row, or, on packed
+rows (data.pack=true), one per segment, [b, S, ...], `data.ocr_rows`). The loss is the LM's token-mean CE plus
+latent.dual_branch_weight times the decoder's char-mean CE (`dual_branch_loss`; under
+train.sft.loss_reduction=sum, the paper's, both CEs are sums over each example's tokens / characters, averaged
+over examples); metrics add lm_ce, ocr_ce and ocr_char_accuracy. The decoder uses the codebook stage's
+input-character dropout (codebook.char_dropout) and sft's optimizer.
 
 On a DeepSeek-OCR-2 codebook (codebook.init_from) the branch is D_ocr = the fine-tuned OCR-2 MoE decoder
 (`models/ocr2_branch.py`): it reads sg(E_lat(z)) through a learned linear map to the VQ width (the LM's width
@@ -75,15 +75,22 @@ STAGE = "sft"
 # The loss (trainer contract: (loss_sum, weight, metric sums)).
 
 
+def flat_ocr_rows(batch: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(ocr_targets [r, T], ocr_codes [r, N], ocr_code_mask [r, N]): the batch's OCR rows, one per row ([b, ...]) or,
+    packed, one per segment slot ([b, S, ...] -> r = b * S; an unused slot's targets are all padding)."""
+    return tuple(batch[k].reshape(-1, batch[k].shape[-1]) for k in ("ocr_targets", "ocr_codes", "ocr_code_mask"))
+
+
 def ocr_terms(model: DualBranchLM, batch: dict, rng: jax.Array, *, dropout: float = 0.0):
-    """(Σ char NLL, #target chars, #chars predicted right) of the OCR branch on the batch's
-    ocr_targets [b, T] from ocr_codes / ocr_code_mask [b, N] (left-padded); teacher-forced inputs
+    """(Σ char NLL, #target chars, #chars predicted right) of the OCR branch on the batch's OCR rows (`flat_ocr_rows`):
+    ocr_targets [r, T] from ocr_codes / ocr_code_mask [r, N] (left-padded); teacher-forced inputs
     lose `dropout` of their characters, as in the codebook stage. An OCR-2 branch: the same over the
-    checkpoint's tokens (no dropout: its recipe has none)."""
-    targets = batch["ocr_targets"]
+    checkpoint's tokens (no dropout: its recipe has none). Sums over rows, so the layout (padded rows, or packed
+    rows' segment slots) does not change them."""
+    targets, codes, code_mask = flat_ocr_rows(batch)
     if isinstance(model.ocr, Ocr2Branch):
-        feats = model.latent_features(batch["ocr_codes"])  # sg(E_lat(z))
-        logits, _ = model.ocr.decoder_logits(feats, targets, batch["ocr_code_mask"] > 0)
+        feats = model.latent_features(codes)  # sg(E_lat(z))
+        logits, _ = model.ocr.decoder_logits(feats, targets, code_mask > 0)
         tmask = (targets != OCR2_PAD).astype(jnp.float32)
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         nll = -jnp.take_along_axis(logp, jnp.maximum(targets, 0)[..., None], axis=-1)[..., 0]
@@ -91,7 +98,7 @@ def ocr_terms(model: DualBranchLM, batch: dict, rng: jax.Array, *, dropout: floa
         return jnp.sum(nll * tmask), jnp.sum(tmask), jnp.sum(correct * tmask)
     inputs, in_mask = teacher_inputs(targets)
     inputs = char_dropout(inputs, dropout, rng)
-    logits = model.ocr_logits(batch["ocr_codes"], batch["ocr_code_mask"] > 0, inputs, in_mask)
+    logits = model.ocr_logits(codes, code_mask > 0, inputs, in_mask)
     tmask = (targets != VOCAB.PAD).astype(jnp.float32)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
@@ -104,7 +111,7 @@ def dual_branch_loss(model: DualBranchLM, batch: dict, rng: jax.Array, *, vocab_
     """The LM's CE + weight * the OCR decoder's CE in the trainer's (sum, count) form.
 
     reduction "sum" (the paper's): each example's LM CE summed over its tokens plus weight times its OCR CE
-    summed over its characters, averaged over the examples (rows: the branch needs unpacked rows); exact under
+    summed over its characters, averaged over the examples (segments of packed rows); exact under
     gradient accumulation. "mean": LM token-mean CE + weight * OCR char-mean CE. The count stays the LM's n_lm
     and the OCR mean is scaled by it: loss_sum = S_lm + weight * n_lm * S_ocr / n_ocr, so Σ loss_sum / Σ n_lm
     = S_lm / n_lm + weight * S_ocr / n_ocr exactly for one micro-batch; with grad_accum > 1 the OCR term is the
@@ -191,10 +198,7 @@ def dual_branch_on(cfg: Config, codebook_kind: str | None, where: str, workdir: 
     if source != "codebook":
         raise ConfigError(f"latent.dual_branch=on needs latent.source=codebook (got {source!r}): random ids carry "
                           "no CoT for the OCR decoder to read back")
-    if cfg.data.pack:
-        raise ConfigError(f"the sft dual branch (latent.dual_branch={mode}, decoder in {where}) needs one example "
-                          "per row: set data.pack=false, or latent.dual_branch=off")
-    return True
+    return True  # data.pack=true too: its OCR rows come one per segment (data.ocr_rows)
 
 
 def resolve_dual_branch(cfg: Config, workdir: str | Path) -> DualBranch | None:

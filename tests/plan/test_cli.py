@@ -362,13 +362,11 @@ def test_sft_dual_branch_plan_follows_auto_as_the_stage_does(tmp_path):
     assert not branch("latent.dual_branch=auto", "latent.source=random")
     ocr2 = ["codebook.init_from=/weights/ocr2", "latent.source=codebook", "data.pack=false"]
     assert branch("latent.dual_branch=auto", *ocr2) and branch("latent.dual_branch=on", *ocr2)  # D_ocr: OCR-2's
-    # what sft refuses, the plan refuses
-    with pytest.raises(ConfigError, match="needs one example per row"):
-        branch("latent.dual_branch=auto", *ocr2[:-1], "data.pack=true")
+    # what sft refuses, the plan refuses; packed rows are accepted by both (one OCR row per segment)
     with pytest.raises(ConfigError, match="needs latent.source=codebook"):
         branch("latent.dual_branch=on", "latent.source=random")
-    with pytest.raises(ConfigError, match="needs one example per row"):
-        branch("latent.dual_branch=auto", "latent.source=codebook", "data.pack=true")
+    assert branch("latent.dual_branch=auto", *ocr2[:-1], "data.pack=true")
+    assert branch("latent.dual_branch=auto", "latent.source=codebook", "data.pack=true")
 
 
 def test_search_varies_the_codebook_s_own_remat_and_grad_accum(monkeypatch, cfg):

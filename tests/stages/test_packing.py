@@ -1,5 +1,5 @@
-"""Packed rows train exactly what padded rows train (textsft, align, sft without the dual branch), and a
-packed segment never sees another.
+"""Packed rows train exactly what padded rows train (textsft, align, sft, and sft with its dual branch, whose packed
+batches carry one OCR row per segment), and a packed segment never sees another.
 
 The equality holds because `stages.common.lm_loss` returns a sum over target tokens and their count (the
 Trainer divides one by the other over the whole batch): the same examples give the same sum and count however
@@ -151,3 +151,154 @@ def test_stages_train_on_packed_rows(tmp_path):
         rows = [json.loads(line) for line in (tmp_path / stage / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == schedule["num_steps"]
         assert all(0.5 < r["pack_efficiency"] <= 1 and r["sequences"] > 8 for r in rows), stage
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage sft's dual branch on packed rows: one OCR row per segment (`data.ocr_rows`), the same loss as padded rows.
+
+OCR_LEN = 64
+
+
+def _step_table(examples):
+    """Two codes a CoT step (codebook.render_unit=step), so a step's codes and text pair up."""
+    from dlr_jax.data.latents import LatentTable
+    from dlr_jax.text.steps import split_steps
+
+    latents, steps = {}, {}
+    for n, ex in enumerate(examples):
+        s = len(split_steps(ex.cot))
+        latents[ex.id] = [(8 * n + 2 * j + t) % K for j in range(s) for t in (0, 1)]
+        steps[ex.id] = [2] * s
+    return LatentTable(latents, num_codes=K, steps=steps)
+
+
+def _ocr_batch(examples, tok, table, unit, *, pack, seed=0):
+    """Every example once as one batch, with the dual branch's OCR fields; two epochs under `step` would draw two
+    steps, one is enough: the draw follows the global stream position, the same padded or packed."""
+    ds = make_stage_dataset("sft", examples, tok, batch_size=4, max_len=MAX_LEN, seed=seed, latents=table, pack=pack,
+                            num_epochs=1, drop_remainder=False, shard_index=0, shard_count=1, num_threads=0,
+                            ocr_text_len=OCR_LEN, ocr_unit=unit)
+    batches = list(ds)
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def _by_example(batch, examples, tok, table):
+    """{example id: its OCR fields} of a batch, each segment named by its tokens; packed batches read slot j - 1 for
+    segment j."""
+    from dlr_jax.data.pipeline import Item, build_sequence
+
+    names = {tuple(build_sequence("sft", tok, Item(ex, tuple(table[ex.id]))).tokens.tolist()): ex.id for ex in examples}
+    out = {}
+    for r in range(batch["tokens"].shape[0]):
+        seg = batch["segment_ids"][r]
+        for j in range(1, int(seg.max()) + 1):
+            name = names[tuple(batch["tokens"][r][seg == j].tolist())]
+            slot = (lambda k, r=r, j=j: batch[k][r, j - 1]) if batch["ocr_codes"].ndim == 3 else \
+                (lambda k, r=r: batch[k][r])
+            out[name] = {k: slot(k) for k in ("ocr_targets", "ocr_codes", "ocr_code_mask")}
+    return out
+
+
+@pytest.mark.parametrize("unit", ["chain", "step"])
+def test_packed_ocr_rows_hold_their_own_segment(unit, setup):
+    from dlr_jax.data.cot_view import step_views
+    from dlr_jax.data.curriculum import ocr_step
+    from dlr_jax.text.ocr_text import VOCAB, encode_target
+
+    examples, tok, chain, _, _ = setup
+    table = chain if unit == "chain" else _step_table(examples)
+    packed = _ocr_batch(examples, tok, table, unit, pack=True)
+    b, slots = packed["ocr_segment_ids"].shape
+    assert packed["ocr_targets"].shape == (b, slots, OCR_LEN) and packed["ocr_codes"].shape[:2] == (b, slots)
+    nseg = packed["segment_ids"].max(axis=1)
+    assert (nseg > 1).any() and slots >= nseg.max()
+    # slot j - 1 holds segment j; the rest are empty rows: every target padding, nothing for the loss
+    want_ids = np.where(np.arange(1, slots + 1)[None] <= nseg[:, None], np.arange(1, slots + 1)[None], 0)
+    np.testing.assert_array_equal(packed["ocr_segment_ids"], want_ids)
+    assert (packed["ocr_targets"][want_ids == 0] == VOCAB.PAD).all()
+    rows = _by_example(packed, examples, tok, table)
+    assert len(rows) == len(examples)
+    padded = _by_example(_ocr_batch(examples, tok, table, unit, pack=False), examples, tok, table)
+    order = [ex.id for ex in examples]
+    for n, ex in enumerate(examples):
+        got = rows[ex.id]
+        for k in got:  # what a padded row of the same example holds
+            np.testing.assert_array_equal(got[k], padded[ex.id][k], err_msg=f"{ex.id} {k}")
+        codes = got["ocr_codes"][got["ocr_code_mask"] > 0].tolist()
+        if unit == "chain":  # its own codes and its own CoT, not a neighbour's
+            assert codes == list(table[ex.id])
+            np.testing.assert_array_equal(got["ocr_targets"], encode_target(ex.cot, OCR_LEN)[0])
+        else:  # the step drawn for it, as in padded rows
+            j = ocr_step(0, ex.id, 0, len(table.step_counts(ex.id)))
+            assert codes == list(table[ex.id])[2 * j:2 * j + 2], (order.index(ex.id), n)
+            np.testing.assert_array_equal(got["ocr_targets"], encode_target(step_views(ex.cot, "cot")[j], OCR_LEN)[0])
+
+
+@pytest.fixture(scope="module")
+def dual(setup):
+    """A `DualBranchLM` as sft trains it: the latent LM and a micro character decoder (fresh weights)."""
+    from dlr_jax.models.codebook_model import CodebookModelConfig
+    from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, OCRBranch
+    from tests.micro import codebook_nets
+
+    _, _, _, _, lm = setup
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [
+        f"latent.num_latents={K}", "latent.latent_dim=16", "codebook.max_side=128", "codebook.image_size=128",
+        f"codebook.max_text_len={OCR_LEN}", *codebook_nets(num_queries=9)])
+    d, dcfg = lm.backbone.cfg.hidden_size, CodebookModelConfig.from_config(cfg)
+    # a prefix map larger than the default init, so that what a row's codes say moves its loss clearly (a fresh
+    # decoder barely reads a prefix of the default scale): the tests then see codes and targets mismatched
+    proj = 3.0 * jax.random.normal(jax.random.key(6), (d, dcfg.decoder.hidden_size))
+    ocr = OCRBranch(dcfg, d, rngs=nnx.Rngs(params=5), prefix_proj=proj)
+    return DualBranchLM(lm, ocr), nnx.Any(filter_for_stage("sft", lm.latent_cfg), OCR_PARAMS)
+
+
+def _dual_loss_and_grads(model, trainable, batch, reduction):
+    """The Trainer's objective with the dual branch (weight 0.5, no char dropout), its metrics with the OCR target
+    count `ocr_chars`, and its gradients."""
+    from dlr_jax.stages.sft import dual_branch_loss, ocr_terms
+
+    graphdef, params, rest = nnx.split(model, trainable, ...)
+    vocab_mask = model.lm.vocab_mask()
+
+    def f(p):
+        m, key = nnx.merge(graphdef, p, rest), jax.random.key(0)
+        total, weight, met = dual_branch_loss(m, batch, key, vocab_mask=vocab_mask, weight=0.5, reduction=reduction)
+        return total / jnp.maximum(weight, 1.0), met | {"ocr_chars": ocr_terms(m, batch, key)[1]}
+
+    (loss, met), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+    return float(loss), {k: float(v) for k, v in met.items()}, grads
+
+
+@pytest.mark.parametrize(("unit", "reduction"), [("chain", "mean"), ("chain", "sum"), ("step", "mean")])
+def test_dual_branch_packed_and_padded_give_the_same_loss_and_gradients(unit, reduction, setup, dual):
+    examples, tok, chain, _, _ = setup
+    model, trainable = dual
+    table = chain if unit == "chain" else _step_table(examples)
+    padded = _ocr_batch(examples, tok, table, unit, pack=False)
+    packed = _ocr_batch(examples, tok, table, unit, pack=True)
+    assert packed["tokens"].shape[0] < padded["tokens"].shape[0] // 2  # several examples a row
+    loss_a, met_a, grads_a = _dual_loss_and_grads(model, trainable, padded, reduction)
+    loss_b, met_b, grads_b = _dual_loss_and_grads(model, trainable, packed, reduction)
+    assert met_a["ocr_ce"] > 0 and met_a["ocr_chars"] == met_b["ocr_chars"] > 0
+    for k in ("lm_ce", "ocr_ce", "ocr_char_accuracy", "tokens"):
+        np.testing.assert_allclose(met_b[k], met_a[k], rtol=TOL, atol=TOL, err_msg=k)
+    np.testing.assert_allclose(loss_b, loss_a, rtol=TOL, atol=TOL)
+    flat_a, flat_b = nnx.to_flat_state(grads_a), nnx.to_flat_state(grads_b)
+    assert [k for k, _ in flat_a] == [k for k, _ in flat_b] and any("ocr" in map(str, k) for k, _ in flat_a)
+    for (path, ga), (_, gb) in zip(flat_a, flat_b, strict=True):
+        np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), rtol=TOL, atol=TOL, err_msg=str(path))
+    # each segment's codes read with the next segment's targets (slots shifted by one): the OCR loss moves
+    shifted = packed | {"ocr_targets": np.roll(packed["ocr_targets"], 1, axis=1)}
+    loss_s, met_s, _ = _dual_loss_and_grads(model, trainable, shifted, reduction)
+    assert abs(met_s["ocr_ce"] - met_a["ocr_ce"]) > 100 * TOL
+
+
+def test_sft_accepts_the_dual_branch_on_packed_rows():
+    from dlr_jax.stages.sft import dual_branch_on
+
+    for mode in ("auto", "on"):
+        cfg = load_config(ROOT / "configs" / "tiny.yaml", [f"latent.dual_branch={mode}", "latent.source=codebook",
+                                                           "data.pack=true"])
+        assert cfg.data.pack and dual_branch_on(cfg, "codebook", "codebook/final")
+        assert dual_branch_on(cfg, "ocr2", "codebook/final")

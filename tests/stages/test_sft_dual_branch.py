@@ -114,8 +114,7 @@ def test_an_ocr2_codebook_makes_its_decoder_the_branch(tmp_path):
     want = tiny_char_tokenizer().encode("<<2*3=6>>", add_special_tokens=False).ids
     assert ids.tolist() == [*want, mcfg.eos_id, *[PAD] * (11 - len(want))] and not cut
     assert kw["ocr_encode"]("9" * 20, 12)[1]  # cut (the data pipeline counts it)
-    with pytest.raises(ValueError, match="data.pack=false"):
-        sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path)
+    assert sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path).ocr2  # packed rows: one OCR row a segment
     assert sft.resolve_dual_branch(_cfg("latent.dual_branch=off"), tmp_path) is None
 
 
@@ -149,8 +148,8 @@ def test_resolve(tmp_path):
     assert sft.resolve_dual_branch(_cfg("latent.source=random"), tmp_path) is None  # auto: random ids, off
     with pytest.raises(ValueError, match="needs latent.source=codebook"):
         sft.resolve_dual_branch(_cfg("latent.source=random", "latent.dual_branch=on"), tmp_path)
-    with pytest.raises(ValueError, match="data.pack=false"):
-        sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path)
+    # packed rows carry one OCR row per segment (tests/stages/test_packing.py)
+    assert sft.resolve_dual_branch(_cfg("data.pack=true"), tmp_path) == branch
 
 
 def test_a_step_codebook_branch_reads_one_step_a_row(tmp_path):
@@ -196,8 +195,11 @@ def test_batches_carry_ocr_fields_and_resume(setup):
     got = next(again)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
-    with pytest.raises(ValueError, match="without packing"):
-        make_stage_dataset("sft", train, tok, ocr_text_len=64, pack=True, **kw)
+    packed = next(iter(make_stage_dataset("sft", train, tok, ocr_text_len=64, pack=True, **kw)))
+    slots = packed["ocr_segment_ids"].shape[1]  # one OCR row per segment (tests/stages/test_packing.py)
+    assert packed["ocr_targets"].shape == (4, slots, 64) and packed["ocr_codes"].shape == (4, slots, 9)
+    with pytest.raises(ValueError, match="needs stage 'sft'"):
+        make_stage_dataset("align", train, tok, ocr_text_len=64, **kw)
 
 
 def test_cut_ocr_targets_are_counted(setup, caplog):
@@ -349,6 +351,21 @@ def test_a_fresh_run_without_the_branch_moves_the_old_decoder_away(setup, traine
     assert not decoder_dir(wd).exists()
     assert len(list((wd / "sft").glob("decoder.stale-*"))) == 1  # moved, not deleted
     assert not isinstance(load_decoder(wd, batch_size=4).model, OCRBranch)  # the codebook's decoder
+
+
+def test_run_on_packed_rows(setup, tmp_path):
+    """data.pack=true with the branch: the stage trains on rows of several examples, each with its OCR row (the
+    equality with padded rows: tests/stages/test_packing.py)."""
+    cfg, w, *_ = setup
+    wd = tmp_path / "w"
+    shutil.copytree(w, wd, ignore=shutil.ignore_patterns("sft"))
+    sft.run(apply_overrides(cfg, ["data.pack=true", "data.max_len=256"]), wd, num_steps=3)  # ~3 examples a row
+    rows = [json.loads(line) for line in (wd / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    for r in rows:
+        assert r["sequences"] > 8 and r["ocr_ce"] > 0  # more examples than the 8 rows, each read back
+        np.testing.assert_allclose(r["loss"], r["lm_ce"] + 0.5 * r["ocr_ce"], rtol=1e-4)
+    assert read_meta(decoder_dir(wd))["kind"] == "ocr_decoder"
 
 
 class _Stop(Exception):
