@@ -162,12 +162,14 @@ def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
 # fits 15 minutes on a 2-core CPU from a fresh clone (timed in BENCHMARKS.md, section "`make demo`"):
 # - the codebook: a 500-step continuous warm-up and 600 main steps (the recipe: 1,000 and 1,200), its dead codes
 #   restarted from 8 batches of features (the recipe: 16);
-# - DLR-SFT 400 steps (the recipe: 1,600), and Direct-SFT trained as long as DLR in all (800 CoT-SFT + 100 align +
-#   400 SFT = 1,300 steps), so that the Direct-SFT row is the budget-matched baseline;
+# - DLR-SFT 800 steps (the recipe: 1,600) without the dual branch: behind its stop-gradient the branch changes no
+#   gradient of the LM, and the report and RL's process reward read latents with the codebook stage's decoder;
+# - Direct-SFT trained as long as DLR in all (800 CoT-SFT + 100 align + 800 SFT = 1,700 steps), so that the
+#   Direct-SFT row is the budget-matched baseline (at 400 SFT steps DLR-SFT was still below it: BENCHMARKS.md);
 # - GRPO: 10 steps, not 40 (its held-out reward at steps 0 and 10).
 DEMO_OVERRIDES = ["codebook.warmup_steps=500", "codebook.train.num_steps=600", "codebook.alpha_steps=150",
-                  "codebook.dead_code_batches=8", "train.sft.num_steps=400", "train.textsft_direct.num_steps=1300",
-                  "train.rl.num_steps=10"]
+                  "codebook.dead_code_batches=8", "train.sft.num_steps=800", "latent.dual_branch=off",
+                  "train.textsft_direct.num_steps=1700", "train.rl.num_steps=10"]
 
 
 def main(argv: list[str] | None = None) -> int:
