@@ -22,6 +22,12 @@ from dlr_jax.text.ocr_text import encode_target
 OCR_KEYS = ("ocr_targets", "ocr_codes", "ocr_code_mask")
 
 
+def pad_target(encode: Any, text_len: int) -> int:
+    """The id `encode` pads a target with (its last entry for an empty text): a row of it is read back from nothing,
+    and every OCR loss weighs it 0."""
+    return int((encode or encode_target)("", text_len)[0][-1])
+
+
 def ocr_fields(item: Any, *, text_len: int, num_codes: int, view: str = "cot",
                encode: Any = None, unit: str = "chain") -> dict[str, np.ndarray]:
     """One row's `OCR_KEYS` (see the module docstring): targets (the CoT as the codebook rendered it,
@@ -41,7 +47,7 @@ def ocr_fields(item: Any, *, text_len: int, num_codes: int, view: str = "cot",
     if item.k == 0 and text_len > 1:
         # No latent step, nothing to read back: every target is the encoder's padding (its last entry for an
         # empty text), which the OCR losses weigh 0. The codes stay the whole span's, so no row attends to nothing.
-        targets = np.full_like(targets, encode("", text_len)[0][-1])
+        targets = np.full_like(targets, pad_target(encode, text_len))
     return {"ocr_targets": targets, "ocr_codes": codes, "ocr_code_mask": mask}
 
 
@@ -75,7 +81,7 @@ def step_ocr_fields(item: Any, *, text_len: int, num_codes: int, view: str, enco
     if not k and text_len > 1:
         # No latent step, nothing to read back: every target is the padding (weighed 0); step 0's codes keep
         # the row from attending to nothing.
-        targets = np.full_like(targets, encode("", text_len)[0][-1])
+        targets = np.full_like(targets, pad_target(encode, text_len))
     return {"ocr_targets": targets, "ocr_codes": codes, "ocr_code_mask": mask}
 
 
@@ -122,7 +128,7 @@ def slot_structs(slots: int, text_len: int, encode: Any = None) -> tuple[dict[st
     """(length_struct, padding_struct) of the `OCR_KEYS` for grain's packer: `slots` per row; an unused slot's
     targets are the encoder's padding (its last entry for an empty text), its codes 0 and all unmasked (so it
     attends to something: no NaN that a zero weight could not cancel)."""
-    pad = int((encode or encode_target)("", text_len)[0][-1])
+    pad = pad_target(encode, text_len)
     return ({k: slots for k in OCR_KEYS},
             {"ocr_targets": pad, "ocr_codes": 0, "ocr_code_mask": 1})
 

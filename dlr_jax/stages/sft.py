@@ -49,6 +49,7 @@ from jax.sharding import Mesh
 from dlr_jax.config import Config, ConfigError
 from dlr_jax.core.files import MissingStageError, write_text_atomic
 from dlr_jax.data.curriculum import Curriculum
+from dlr_jax.data.ocr_rows import OCR_KEYS
 from dlr_jax.models.codebook_model import CodebookModelConfig, char_dropout, teacher_inputs
 from dlr_jax.models.dual_branch import OCR_PARAMS, DualBranchLM, branch_from_codebook_model
 from dlr_jax.models.ocr2_branch import Ocr2Branch, ocr2_branch_from_codebook_model
@@ -78,7 +79,7 @@ STAGE = "sft"
 def flat_ocr_rows(batch: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(ocr_targets [r, T], ocr_codes [r, N], ocr_code_mask [r, N]): the batch's OCR rows, one per row ([b, ...]) or,
     packed, one per segment slot ([b, S, ...] -> r = b * S; an unused slot's targets are all padding)."""
-    return tuple(batch[k].reshape(-1, batch[k].shape[-1]) for k in ("ocr_targets", "ocr_codes", "ocr_code_mask"))
+    return tuple(batch[k].reshape(-1, batch[k].shape[-1]) for k in OCR_KEYS)
 
 
 def ocr_terms(model: DualBranchLM, batch: dict, rng: jax.Array, *, dropout: float = 0.0):

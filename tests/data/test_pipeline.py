@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from dlr_jax.data import formats
+from dlr_jax.data.eval_prompts import make_eval_batches
 from dlr_jax.data.latents import random_latents
 from dlr_jax.data.pipeline import (
     BATCH_KEYS,
     Item,
     build_sequence,
     filter_by_length,
-    make_eval_batches,
     make_stage_dataset,
 )
 from dlr_jax.data.synthetic import generate
