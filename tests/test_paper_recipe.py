@@ -228,7 +228,7 @@ def test_values_the_paper_does_not_give_are_marked_ours():
 
 
 def test_the_codebook_corpus_is_the_papers_million_traces_in_both_recipes():
-    from dlr_jax.plan.cli import corpus_size
+    from dlr_jax.plan.totals import corpus_size
 
     gsm, math = (load_config(CONFIGS / "paper" / f"{n}.yaml") for n in ("gsm8k", "math"))
     assert math.codebook.corpus == gsm.codebook.corpus  # MATH's run does not train a MATH-only codebook

@@ -9,7 +9,8 @@ pipeline will make without building them.
 
 A packed step consumes more examples than a padded one (`examples_per_row` of them a row), so "3 epochs"
 is fewer packed steps; the FLOPs of a step do not change (a packed row is as long as a padded one and
-attention is computed over the whole row either way).
+attention is computed over the whole row either way), except for sft's dual branch, whose packed row computes
+`data.ocr_rows.ocr_slots` OCR rows (`plan.totals.packed_ocr_step` counts them).
 """
 
 from __future__ import annotations

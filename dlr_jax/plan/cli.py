@@ -16,7 +16,8 @@ body once, and is shown beside it), bytes accessed (XLA), tokens per step, a roo
 (max of FLOPs / peak and bytes / bandwidth) with the MFU it implies, and for the recipe's data size
 the stage's total FLOPs next to the paper's figure: in padded rows (one example a row) and, for align and sft,
 in packed rows too, from the configured data's measured sequence lengths (read once and cached,
-`dlr_jax.plan.lengths`; `--refresh-lengths`, `--no-lengths`). `--search` tries remat policies, micro-batches
+`dlr_jax.plan.lengths`; `--refresh-lengths`, `--no-lengths`; sft's dual branch counts its packed step, S OCR rows
+a row, apart: `packed_ocr_step`). `--search` tries remat policies, micro-batches
 (grad_accum) and mesh shapes of the same device count and reports the fastest plan that fits.
 `--json` prints one JSON object per plan.
 """
@@ -39,15 +40,11 @@ from dlr_jax.config import Config, ConfigError, load_config
 from dlr_jax.core.sharding import MESH_AXES, parse_mesh_spec, use_mesh
 from dlr_jax.models.hf_config import ConversionError
 from dlr_jax.plan.buffers import largest_values
-from dlr_jax.plan.flops import FlopCount, count_jaxpr
 from dlr_jax.plan.lengths import Lengths
 from dlr_jax.plan.programs import BOUNDARY_TOKENS as BOUNDARY_TOKENS  # noqa: F401 - public: plan.BOUNDARY_TOKENS
-from dlr_jax.plan.programs import STAGES, Program, build_program, latent_lm_abstract
+from dlr_jax.plan.programs import STAGES, build_program, latent_lm_abstract
 from dlr_jax.plan.targets import TARGETS, Target, TargetUnavailable, target_mesh
-
-# The paper's total compute per stage (appendix table "FLOPS", one 8 x H100 node, bf16).
-PAPER_TOTAL_FLOPS = {"codebook": 780e15, "align": 208e15, "sft": 325e15, "rl": 1365e15}
-
+from dlr_jax.plan.totals import program_flops, stage_total_flops
 
 # ----------------------------------------------------------------------------------------------
 # Compile, measure, estimate.
@@ -172,9 +169,7 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     with use_mesh(prog.mesh or mesh):
         lowered = prog.jitted.lower(*prog.args)
         compiled, cublas = _compile(lowered, target)  # cublas: the fallback's note, or None
-        static = (0, 1) if stage == "rollout" else ()
-        jaxpr = jax.make_jaxpr(prog.pure, static_argnums=static)(*prog.args)
-    flops: FlopCount = count_jaxpr(jaxpr, prog.while_trips)
+        flops = program_flops(prog)
     n = mesh.size
     per_dev_flops = flops.total / n
     # without cost analysis after the cuBLAS fallback: its FLOPs leave out the cuBLAS calls, its bytes scale wrong
@@ -207,7 +202,7 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     if target.platform == "cpu":
         out["notes"].append("CPU fake-device compile: a fallback, not a stand-in for GPU/TPU memory or speed")
     out |= {k: v for k, v in est.items() if k not in out}
-    total = stage_total_flops(cfg, stage, flops.total, prog, lengths)
+    total = stage_total_flops(cfg, stage, flops.total, prog, lengths, mesh)
     if total:
         out |= total
     return out
@@ -219,85 +214,6 @@ def _accum(cfg: Config, stage: str) -> int:
     if stage == "rollout":
         return 1
     return getattr(cfg.train, stage).grad_accum
-
-
-def corpus_size(cfg: Config) -> int | None:
-    """The codebook corpus's examples from its entries' sample sizes and the releases' counts (the paper's ~1M:
-    385,620 + 12,000 + 603,000); None when an entry's size is not on record."""
-    from dlr_jax.data.readers import BENCHMARKS
-    from dlr_jax.data.sources import CorpusEntry
-
-    total = 0
-    for spec in cfg.codebook.corpus:
-        e = CorpusEntry.parse(spec)
-        n = e.count or (BENCHMARKS[e.name].counts.get(e.split) if e.name in BENCHMARKS else None)
-        if not n:
-            return None
-        total += n
-    return total or None
-
-
-def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Program,
-                      lengths: Lengths | None = None) -> dict[str, Any] | None:
-    """The stage's total FLOPs for the recipe's data size (paper data sizes; num_epochs), next to the paper's.
-    With the stage's measured `lengths` (align, sft), also the totals of packed rows (`packed_totals`)."""
-    from dlr_jax.data.protocol import rl_count
-    from dlr_jax.data.readers import BENCHMARKS
-
-    spec = BENCHMARKS.get(cfg.data.dataset)
-    n_train = (spec.counts or {}).get(cfg.data.train_split) if spec is not None else None
-    if not n_train and cfg.data.dataset == "synthetic" and cfg.data.train_split == "train":
-        n_train = cfg.data.synthetic_train  # generated: as many as the config asks for
-    if not n_train:
-        return None
-    n_rl = rl_count(n_train, cfg.data.rl_split)
-    if stage == "align" and cfg.data.align_part == "all":  # the paper aligns on the whole split
-        tcfg, n = cfg.train.align, n_train
-    elif stage in ("align", "sft"):
-        tcfg, n = getattr(cfg.train, stage), n_train - n_rl
-    elif stage in ("rl", "rollout"):
-        tcfg, n = cfg.train.rl, n_rl or n_train
-    else:
-        tcfg, n = cfg.codebook.train, corpus_size(cfg) or n_train
-    # an RL step takes rl.num_prompts prompts (as the stage's schedule counts them), not one update's batch
-    per = cfg.rl.num_prompts if stage == "rl" else prog.steps_per_epoch_examples
-    epochs = tcfg.num_epochs or (tcfg.num_steps * per / n)
-    steps = math.ceil(epochs * n / per)
-    if stage == "rl":  # each RL step runs mu updates over its rollout batch
-        steps *= cfg.rl.inner_epochs * cfg.rl.num_prompts * cfg.rl.group_size // cfg.train.rl.batch_size
-    total = steps * flops_per_step
-    out = {"stage_examples": n, "stage_steps": steps, "stage_total_flops": total}
-    paper_key = "rl" if stage in ("rl", "rollout") else stage
-    if paper_key in PAPER_TOTAL_FLOPS:
-        out["paper_total_flops"] = PAPER_TOTAL_FLOPS[paper_key]
-        if stage == "rollout":
-            out["notes_total"] = "rollout only; the paper's RL figure covers rollouts + updates + scoring"
-    if lengths is not None and stage in ("align", "sft"):
-        out |= packed_totals(cfg, stage, tcfg, n, steps, flops_per_step, lengths)
-    return out
-
-
-def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int, flops_per_step: float,
-                  lengths: Lengths) -> dict[str, Any]:
-    """The stage in packed rows (`data.packing`: grain's first-fit packer replayed on the measured lengths, as many
-    bins as the batch has rows): the same FLOPs a step, fewer steps an epoch. A recipe counted in num_steps runs as
-    many steps packed, each over more examples."""
-    from dlr_jax.data.packing import pack_stats
-
-    max_len = cfg.data.max_len
-    stats = pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
-    steps = stats.steps(tcfg.num_epochs, tcfg.batch_size, packed=True, examples=n) if tcfg.num_epochs > 0 \
-        else padded_steps
-    out = {"data_pack": cfg.data.pack, "examples_per_row": stats.examples_per_row,
-           "packed_efficiency": stats.packed_efficiency, "padded_efficiency": stats.padded_efficiency,
-           "stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step,
-           **lengths.summary(max_len)}
-    if stage == "sft":
-        from dlr_jax.plan.programs import plans_dual_branch
-
-        if plans_dual_branch(cfg):
-            out["notes_packed"] = "the dual branch trains on padded rows only (one CoT a row): sft runs padded"
-    return out
 
 
 def search(cfg: Config, stage: str, target: Target, devices: int,
@@ -369,9 +285,11 @@ def format_plan(r: dict[str, Any]) -> str:
                      f"{_flops(r['stage_total_flops'])}{vs}"
                      + (" in padded rows" if "stage_steps_packed" in r else ""))
     if "stage_steps_packed" in r:
+        ocr = (f" of {r['flops_per_step_packed']:.3e} FLOPs ({r['ocr_slots']} OCR rows a row)"
+               if "flops_per_step_packed" in r else "")  # sft's dual branch: a packed step costs more
         lines.append(f"  packed rows: {r['examples_per_row']:.2f} examples a row, {100 * r['packed_efficiency']:.0f}% "
                      f"of tokens real (padded: {100 * r['padded_efficiency']:.0f}%) -> {r['stage_steps_packed']:,} "
-                     f"steps = {_flops(r['stage_total_flops_packed'])} "
+                     f"steps{ocr} = {_flops(r['stage_total_flops_packed'])} "
                      f"(this config: data.pack={str(r['data_pack']).lower()})")
         lines.append(f"  measured lengths: mean {r['length_mean']:.0f}, median {r['length_p50']:.0f}, p95 "
                      f"{r['length_p95']:.0f}, max {r['length_max']} tokens ({r['longer_than_max_len']} of "

@@ -106,8 +106,10 @@ def _batch_sds(mesh: Mesh, rules: str, accum: int, micro: int, fields: dict[str,
     return out
 
 
-def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
-    """The Trainer's step for align / sft / rl (`trainer.build_step_fn`), abstractly."""
+def train_program(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None = None) -> Program:
+    """The Trainer's step for align / sft / rl (`trainer.build_step_fn`), abstractly. `ocr_slots`: sft's dual
+    branch on packed rows, S OCR rows a token row (`data.ocr_rows.ocr_slots`): its OCR fields [b, S, ...] and
+    `ocr_segment_ids` [b, S] as the packed pipeline feeds them; None: one OCR row a token row ([b, ...], padded)."""
     from dlr_jax.models.latent_lm import filter_for_stage
     from dlr_jax.stages.common import lm_loss
     from dlr_jax.training.optimizer import make_optimizer, opt_state_shardings
@@ -142,12 +144,9 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
     trainable = filter_for_stage(stage, lat)
     if stage == "sft" and plans_dual_branch(cfg):
         model, loss, trainable, extra = _dual_branch(cfg, model, trainable, vocab_mask)
-        fields |= extra
+        fields |= _ocr_slot_fields(extra, ocr_slots)
         notes.append("with the dual-branch OCR decoder")
-        if cfg.data.pack:  # packed rows carry one OCR row per segment slot, a count known only from the data
-            notes.append("packed rows: the OCR branch is planned at one OCR row per token row; the run reads one per "
-                         "segment slot (data.ocr_rows.ocr_slots: max_len // the shortest sequence), up to that many "
-                         "times this OCR cost")
+        notes += _ocr_rows_note(cfg, ocr_slots)
     graphdef, params, rest = nnx.split(model, trainable, ...)
     p_abs, p_sh = _state_abstract(params, mesh, rules)
     r_abs, r_sh = _state_abstract(rest, mesh, rules)
@@ -163,6 +162,29 @@ def train_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
                      donate_argnums=(0, 2))
     return Program(stage, jitted, pure, (p_abs, r_abs, o_abs, batch, rng, step), tcfg.batch_size * seq,
                    tcfg.batch_size, notes=tuple(notes))
+
+
+def _ocr_slot_fields(extra: dict[str, tuple[tuple[int, ...], Any]],
+                     ocr_slots: int | None) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The dual branch's OCR fields of one token row: as given ([T], [N]) padded, or `ocr_slots` of each
+    ([S, T], [S, N]) plus `ocr_segment_ids` [S] packed: the loss reads only the former (`stages.sft.flat_ocr_rows`),
+    but the packed batch carries the ids into the step, so they are among its arguments."""
+    if ocr_slots is None:
+        return extra
+    out = {k: ((ocr_slots, *shape), dtype) for k, (shape, dtype) in extra.items()}
+    return out | {"ocr_segment_ids": ((ocr_slots,), jnp.int32)}
+
+
+def _ocr_rows_note(cfg: Config, ocr_slots: int | None) -> list[str]:
+    """What the plan computes of the OCR branch per token row when packing makes it a question (else nothing)."""
+    if ocr_slots is not None:
+        return [f"packed rows: {ocr_slots} OCR rows a token row (one per segment slot, data.ocr_rows.ocr_slots), "
+                "the unused slots' included"]
+    if cfg.data.pack:  # the slot count comes from the data's lengths, which packed_totals reads
+        return ["the OCR branch is planned at one OCR row a token row (the padded layout: this memory and step); a "
+                "packed row computes S = data.ocr_rows.ocr_slots of them (max_len // the shortest sequence), whose "
+                "step FLOPs the packed totals count"]
+    return []
 
 
 def plans_dual_branch(cfg: Config) -> bool:
@@ -277,9 +299,11 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
                           f"(rl.sample_mesh={rl.sample_mesh!r}, rl.sample_dtype={rl.sample_dtype!r})"))
 
 
-def build_program(cfg: Config, stage: str, mesh: Mesh) -> Program:
+def build_program(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None = None) -> Program:
+    """The stage's program on `mesh`; `ocr_slots`: sft's dual branch on packed rows (`train_program`), ignored by
+    the other stages and by sft without the branch."""
     if stage in ("align", "sft", "rl"):
-        return train_program(cfg, stage, mesh)
+        return train_program(cfg, stage, mesh, ocr_slots=ocr_slots)
     if stage == "rollout":
         return rollout_program(cfg, mesh)
     if stage == "codebook":

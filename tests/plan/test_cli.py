@@ -12,6 +12,7 @@ import pytest
 
 from dlr_jax.config import ConfigError, load_config
 from dlr_jax.plan import cli as plan
+from dlr_jax.plan import totals
 from dlr_jax.plan.flops import dense_lm_flops
 from dlr_jax.plan.targets import TARGETS, TargetUnavailable, target_devices, tpu_topology_name
 
@@ -93,7 +94,7 @@ def test_recipe_totals_sit_beside_the_papers(capsys):
     # GSM8K-Aug: align reads all 385,620 examples (the RL part too, as the paper), 3 epochs at 64 = 18,076 steps
     assert (r["stage_examples"], r["stage_steps"]) == (385_620, 18_076)
     assert r["paper_total_flops"] == 208e15 and r["stage_total_flops"] == pytest.approx(18_076 * r["flops_per_step"])
-    assert plan.stage_total_flops(load_config(ROOT / "configs" / "paper" / "gsm8k.yaml", ["data.align_part=sft"]),
+    assert totals.stage_total_flops(load_config(ROOT / "configs" / "paper" / "gsm8k.yaml", ["data.align_part=sft"]),
                                   "align", 1.0, types.SimpleNamespace(steps_per_epoch_examples=64))["stage_examples"] \
         == 300_000  # the SFT part: 385,620 - 85,620 RL
 
@@ -117,7 +118,7 @@ def test_rl_totals_count_the_stage_s_steps_and_updates():
     cfg = load_config(ROOT / "configs" / "paper" / "gsm8k.yaml")
     rl = cfg.rl
     prog = types.SimpleNamespace(steps_per_epoch_examples=cfg.train.rl.batch_size)  # what the update program says
-    r = plan.stage_total_flops(cfg, "rl", 1.0, prog)
+    r = totals.stage_total_flops(cfg, "rl", 1.0, prog)
     steps = steps_for_epochs(cfg.train.rl.num_epochs, 85_620, rl.num_prompts)  # what the stage runs: 42,810
     updates = steps * rl.inner_epochs * rl.num_prompts * rl.group_size // cfg.train.rl.batch_size
     assert (r["stage_examples"], steps, r["stage_steps"]) == (85_620, 42_810, updates) and updates == 171_240
@@ -344,6 +345,9 @@ def test_sft_plan_with_the_ocr2_decoder_as_the_dual_branch(tmp_path):
     batch = prog.args[3]
     assert batch["ocr_targets"].shape == (1, 16, 40) and batch["ocr_codes"].shape == (1, 16, 4)
     assert "with the dual-branch OCR decoder" in prog.notes
+    # packed rows: the OCR fields per segment slot, as the packed pipeline feeds them (plan.totals.packed_ocr_step)
+    slotted = build_program(cfg, "sft", target_mesh(TARGETS["cpu"], one), ocr_slots=2).args[3]
+    assert slotted["ocr_targets"].shape == (1, 16, 2, 40) and slotted["ocr_segment_ids"].shape == (1, 16, 2)
     from flax import nnx
 
     trained = {"/".join(map(str, k)) for k, _ in nnx.to_flat_state(prog.args[0])}

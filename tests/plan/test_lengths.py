@@ -16,6 +16,7 @@ from dlr_jax.data.render_pipeline import canvas_side, render_config
 from dlr_jax.data.sources import load_examples
 from dlr_jax.plan import cli as plan
 from dlr_jax.plan import lengths as L
+from dlr_jax.plan import totals
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -98,16 +99,16 @@ def test_stage_totals_padded_and_packed_side_by_side():
     cfg = load_config(TINY, DATA)
     lengths = L.Lengths("sft", tuple([40] * 150 + [90] * 150), 300, ("by hand",), "-", False)
     prog = types.SimpleNamespace(steps_per_epoch_examples=cfg.train.sft.batch_size)
-    r = plan.stage_total_flops(cfg, "sft", 1.0, prog, lengths)
+    r = totals.stage_total_flops(cfg, "sft", 1.0, prog, lengths)
     assert r["stage_examples"] == 300 and r["stage_steps"] == -(-2 * 300 // cfg.train.sft.batch_size)
     assert r["examples_per_row"] > 1.2 and r["packed_efficiency"] > r["padded_efficiency"]
     assert r["stage_steps_packed"] < r["stage_steps"]
     assert r["stage_total_flops_packed"] == r["stage_steps_packed"] and r["length_max"] == 90
     # a recipe counted in steps runs as many steps packed
     fixed = load_config(TINY, ["data.synthetic_train=300"])
-    r = plan.stage_total_flops(fixed, "sft", 1.0, prog, lengths)
+    r = totals.stage_total_flops(fixed, "sft", 1.0, prog, lengths)
     assert r["stage_steps_packed"] == r["stage_steps"]
-    assert "stage_steps_packed" not in plan.stage_total_flops(cfg, "sft", 1.0, prog)
+    assert "stage_steps_packed" not in totals.stage_total_flops(cfg, "sft", 1.0, prog)
 
 
 def test_missing_data_leaves_packed_totals_out_with_a_note(tmp_path):
@@ -129,3 +130,41 @@ def test_cli_prints_both(capsys):
     assert plan.main(argv) == 0
     text = capsys.readouterr().out
     assert "packed rows:" in text and "in padded rows" in text and "measured lengths" in text
+
+
+def test_packed_totals_of_the_dual_branch_count_its_ocr_slots():
+    """sft's dual branch on packed rows: a row computes S = ocr_slots OCR rows (max_len 64 // the shortest
+    sequence 20 = 3), unused slots included, so a packed step costs more than a padded one, by (S - 1) rows of OCR
+    branch; the packed totals count that step, not the padded one."""
+    from dlr_jax.plan.programs import build_program
+    from dlr_jax.plan.targets import TARGETS, target_mesh
+
+    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+             "model.num_kv_heads=1", "model.head_dim=16", "latent.num_latents=64", "latent.latent_dim=16",
+             "codebook.dec_layers=1", "data.max_len=64", "train.sft.batch_size=4"]
+    cfg = load_config(TINY, [*DATA, *small, "latent.dual_branch=on", "latent.source=codebook", "data.pack=true"])
+    lengths = L.Lengths("sft", tuple([20] * 100 + [40] * 200), 300, ("by hand",), "-", False)
+    one = {"data": 1, "fsdp": 1, "tensor": 1}
+    r = plan.plan_once(cfg, "sft", TARGETS["cpu"], one, lengths)
+    mesh = target_mesh(TARGETS["cpu"], one)
+    padded, packed = r["flops_per_step"], r["flops_per_step_packed"]
+    assert r["ocr_slots"] == 3 and padded == totals.step_flops(cfg, "sft", mesh)  # counted the same way
+    one, two = (totals.step_flops(cfg, "sft", mesh, ocr_slots=s) for s in (1, 2))
+    # one slot is the padded step but for the batch's slot fields (ocr_segment_ids, the trainer's batch hash)
+    assert one == pytest.approx(padded, rel=1e-5)
+    # every slot adds the same OCR rows' work: the packed step is (S - 1) slots' more than one slot's ...
+    assert packed - one == 2 * (two - one) and two - one > 1e-3 * padded
+    # ... each the branch's work on a row, less than all the branch adds to a padded step (its update too)
+    no_branch = totals.step_flops(load_config(TINY, [*DATA, *small, "latent.dual_branch=off"]), "sft", mesh)
+    assert two - one < padded - no_branch
+    assert r["stage_total_flops_packed"] == r["stage_steps_packed"] * packed
+    assert r["stage_steps_packed"] < r["stage_steps"]
+    assert "3 OCR rows" in r["notes_packed"] and "padded rows only" not in r["notes_packed"]
+    assert any("planned at one OCR row a token row" in n for n in r["notes"])  # the compiled step: padded layout
+    assert "steps of" in plan.format_plan(r) and "(3 OCR rows a row)" in plan.format_plan(r)
+    # the packed program's batch: the OCR fields and the slots' segment ids per slot, as the pipeline feeds them
+    batch = build_program(cfg, "sft", mesh, ocr_slots=3).args[3]
+    assert batch["ocr_targets"].shape == (1, 4, 3, cfg.codebook.max_text_len)
+    assert batch["ocr_codes"].shape[:3] == batch["ocr_code_mask"].shape[:3] == (1, 4, 3)
+    assert batch["ocr_segment_ids"].shape == (1, 4, 3)
+    assert "ocr_segment_ids" not in build_program(cfg, "sft", mesh).args[3]

@@ -302,3 +302,115 @@ def test_sft_accepts_the_dual_branch_on_packed_rows():
                                                            "data.pack=true"])
         assert cfg.data.pack and dual_branch_on(cfg, "codebook", "codebook/final")
         assert dual_branch_on(cfg, "ocr2", "codebook/final")
+
+
+# ----------------------------------------------------------------------------------------------
+# The same on a DeepSeek-OCR-2 codebook: sft's branch is its MoE decoder (`models.ocr2_branch.Ocr2Branch`), whose
+# targets are the checkpoint's tokens padded with OCR-2's PAD; an unused slot is padded as the pipeline pads it.
+
+OCR2_K, OCR2_LEN, OCR2_CODES = 16, 12, 5
+# (codes, text) of six examples: codes of every length up to the row's N, texts short, long (cut) and empty; the last
+# has no latent step to read back (a latent curriculum's k = 0: every target the padding, `ocr_rows.ocr_fields`)
+OCR2_EXAMPLES = [([3, 1, 4, 1, 5], "12+3=15"), ([9], "7*6"), ([2, 6], "a long CoT, cut"), ([5, 3, 5, 8], ""),
+                 ([9, 7, 9], "x=4"), ([3, 2], None)]
+OCR2_ROWS = [[0, 1, 2], [3, 4], [5]]  # the segments of three packed rows: slots 3 (S), some unused
+
+
+@pytest.fixture(scope="module")
+def ocr2_dual(tmp_path_factory):
+    """(a `DualBranchLM` with an OCR-2 branch, the checkpoint's target encoder): the tiny DeepSeek-OCR-2 with its
+    tokenizer, the branch as sft builds it from the codebook stage's model (`ocr2_branch_from_codebook_model`)."""
+    from dlr_jax.convert.ocr2 import load_ocr2
+    from dlr_jax.models.dual_branch import DualBranchLM
+    from dlr_jax.models.latent_lm import LatentConfig, build_latent_lm
+    from dlr_jax.models.ocr2_branch import ocr2_branch_from_codebook_model
+    from dlr_jax.models.ocr2_codebook import Ocr2CodebookConfig, Ocr2CodebookModel
+    from dlr_jax.stages.codebook.ocr2 import OcrTokenEncoder
+    from tests.hf_fixtures import save_tiny_ocr2
+
+    d = tmp_path_factory.mktemp("ocr2")
+    save_tiny_ocr2(d, seed=0, small=True)
+    ocfg, ocr2 = load_ocr2(d)
+    cfg = Ocr2CodebookConfig(ocfg, OCR2_K, max_text_len=OCR2_LEN, prompt_ids=(5, 6))
+    cbm = Ocr2CodebookModel(cfg, rngs=nnx.Rngs(0))
+    cbm.ocr2 = ocr2
+    mcfg = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=64, num_layers=1, num_heads=2,
+                       num_kv_heads=1, head_dim=16)
+    lm = build_latent_lm(mcfg, LatentConfig(num_latents=OCR2_K, latent_dim=ocfg.d_c, latent_offset=64,
+                                            total_vocab_size=96),
+                         codebook=cbm.vq.codebook[...], rngs=nnx.Rngs(params=jax.random.key(1, impl="rbg")))
+    return DualBranchLM(lm, ocr2_branch_from_codebook_model(cbm, lm)), OcrTokenEncoder(d / "tokenizer.json", cfg.eos_id)
+
+
+def _ocr2_rows(encode):
+    """Each example's `OCR_KEYS` row as the pipeline makes it: codes left-padded to N, targets in tokens."""
+    from dlr_jax.data.ocr_rows import left_pad, pad_target
+
+    rows = []
+    for n, (codes, text) in enumerate(OCR2_EXAMPLES):
+        c, m = left_pad(codes, OCR2_CODES, f"ex{n}")
+        t = encode(text or "", OCR2_LEN)[0]
+        if text is None:  # nothing to read back: the padding throughout, as `ocr_fields` writes it
+            t = np.full_like(t, pad_target(encode, OCR2_LEN))
+        rows.append({"ocr_targets": t, "ocr_codes": c, "ocr_code_mask": m})
+    return rows
+
+
+def _ocr2_batches(encode):
+    """(padded: one OCR row a token row [6, ...], packed: `OCR2_ROWS` as [3, S, ...] with `ocr_segment_ids`, the
+    unused slots holding `ocr_rows.slot_structs`'s padding) of the same examples."""
+    from dlr_jax.data.ocr_rows import OCR_KEYS, slot_structs
+
+    rows = _ocr2_rows(encode)
+    padded = {k: np.stack([r[k] for r in rows]) for k in OCR_KEYS}
+    slots = max(map(len, OCR2_ROWS))
+    _, pads = slot_structs(slots, OCR2_LEN, encode)
+    packed = {k: np.full((len(OCR2_ROWS), slots, padded[k].shape[1]), pads[k], np.int32) for k in OCR_KEYS}
+    packed["ocr_segment_ids"] = np.zeros((len(OCR2_ROWS), slots), np.int32)
+    for r, segs in enumerate(OCR2_ROWS):
+        for j, n in enumerate(segs):
+            for k in OCR_KEYS:
+                packed[k][r, j] = rows[n][k]
+            packed["ocr_segment_ids"][r, j] = j + 1
+    return padded, packed
+
+
+def _ocr_terms_and_grads(model, batch):
+    """`stages.sft.ocr_terms` (Σ NLL, #targets, #right) on the batch and the gradients of Σ NLL (fp32)."""
+    from dlr_jax.stages.sft import ocr_terms
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def f(p):
+        s, n, right = ocr_terms(nnx.merge(graphdef, p, rest), batch, jax.random.key(0))
+        return s, (n, right)
+
+    (s, (n, right)), grads = jax.jit(jax.value_and_grad(f, has_aux=True))(params)
+    return (float(s), float(n), float(right)), grads
+
+
+def test_ocr2_branch_packed_and_padded_give_the_same_ocr_terms_and_gradients(ocr2_dual):
+    from dlr_jax.models.ocr2_branch import Ocr2Branch
+    from dlr_jax.models.ocr2_codebook import PAD as OCR2_PAD
+
+    model, encode = ocr2_dual
+    assert isinstance(model.ocr, Ocr2Branch) and jnp.dtype(model.ocr.cfg.ocr2.text.base.dtype) == jnp.float32
+    padded, packed = _ocr2_batches(encode)
+    unused = packed["ocr_segment_ids"] == 0
+    assert unused.sum() == 3 and (packed["ocr_targets"][unused] == OCR2_PAD).all()  # slot_structs's OCR-2 padding
+    assert (padded["ocr_targets"][-1] == OCR2_PAD).all()  # and a real row with nothing to read back
+    terms_a, grads_a = _ocr_terms_and_grads(model, padded)
+    terms_b, grads_b = _ocr_terms_and_grads(model, packed)
+    assert terms_a[1] == terms_b[1] == (padded["ocr_targets"] != OCR2_PAD).sum() and np.isfinite(terms_a[0])
+    np.testing.assert_allclose(terms_b, terms_a, rtol=TOL, atol=TOL)
+    flat_a, flat_b = nnx.to_flat_state(grads_a), nnx.to_flat_state(grads_b)
+    assert [k for k, _ in flat_a] == [k for k, _ in flat_b]
+    assert any(np.abs(np.asarray(g)).max() > 0 for k, g in flat_a if "moe" in map(str, k))  # the experts learn
+    for (path, ga), (_, gb) in zip(flat_a, flat_b, strict=True):
+        assert np.isfinite(np.asarray(gb)).all(), path
+        np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), rtol=TOL, atol=TOL, err_msg=str(path))
+    # each segment's codes read with another slot's targets (slots shifted by one): the OCR loss moves, so the
+    # equality above needs every slot to hold its own segment's codes and targets
+    shifted = packed | {"ocr_targets": np.roll(packed["ocr_targets"], 1, axis=1)}
+    moved, _ = _ocr_terms_and_grads(model, shifted)
+    assert abs(moved[0] - terms_a[0]) > 100 * TOL

@@ -1,0 +1,135 @@
+"""A stage's total compute for the recipe's data size, next to the paper's (`stage_total_flops`): in padded rows, and
+for align and sft in packed rows from the data's measured lengths (`packed_totals`; sft's dual branch counts its
+packed step, S OCR rows a row, apart: `packed_ocr_step`). FLOPs are counted on a step's jaxpr (`program_flops`),
+every loop body times its trips."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from dlr_jax.config import Config
+from dlr_jax.core.sharding import MESH_AXES, use_mesh
+from dlr_jax.plan.flops import FlopCount, count_jaxpr
+from dlr_jax.plan.lengths import Lengths
+from dlr_jax.plan.programs import Program, build_program
+from dlr_jax.plan.targets import TARGETS, target_mesh
+
+# The paper's total compute per stage (appendix table "FLOPS", one 8 x H100 node, bf16).
+PAPER_TOTAL_FLOPS = {"codebook": 780e15, "align": 208e15, "sft": 325e15, "rl": 1365e15}
+
+
+def corpus_size(cfg: Config) -> int | None:
+    """The codebook corpus's examples from its entries' sample sizes and the releases' counts (the paper's ~1M:
+    385,620 + 12,000 + 603,000); None when an entry's size is not on record."""
+    from dlr_jax.data.readers import BENCHMARKS
+    from dlr_jax.data.sources import CorpusEntry
+
+    total = 0
+    for spec in cfg.codebook.corpus:
+        e = CorpusEntry.parse(spec)
+        n = e.count or (BENCHMARKS[e.name].counts.get(e.split) if e.name in BENCHMARKS else None)
+        if not n:
+            return None
+        total += n
+    return total or None
+
+
+def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Program,
+                      lengths: Lengths | None = None, mesh: Mesh | None = None) -> dict[str, Any] | None:
+    """The stage's total FLOPs for the recipe's data size (paper data sizes; num_epochs), next to the paper's.
+    With the stage's measured `lengths` (align, sft), also the totals of packed rows (`packed_totals`, whose packed
+    sft dual-branch step is built on `mesh`)."""
+    from dlr_jax.data.protocol import rl_count
+    from dlr_jax.data.readers import BENCHMARKS
+
+    spec = BENCHMARKS.get(cfg.data.dataset)
+    n_train = (spec.counts or {}).get(cfg.data.train_split) if spec is not None else None
+    if not n_train and cfg.data.dataset == "synthetic" and cfg.data.train_split == "train":
+        n_train = cfg.data.synthetic_train  # generated: as many as the config asks for
+    if not n_train:
+        return None
+    n_rl = rl_count(n_train, cfg.data.rl_split)
+    if stage == "align" and cfg.data.align_part == "all":  # the paper aligns on the whole split
+        tcfg, n = cfg.train.align, n_train
+    elif stage in ("align", "sft"):
+        tcfg, n = getattr(cfg.train, stage), n_train - n_rl
+    elif stage in ("rl", "rollout"):
+        tcfg, n = cfg.train.rl, n_rl or n_train
+    else:
+        tcfg, n = cfg.codebook.train, corpus_size(cfg) or n_train
+    # an RL step takes rl.num_prompts prompts (as the stage's schedule counts them), not one update's batch
+    per = cfg.rl.num_prompts if stage == "rl" else prog.steps_per_epoch_examples
+    epochs = tcfg.num_epochs or (tcfg.num_steps * per / n)
+    steps = math.ceil(epochs * n / per)
+    if stage == "rl":  # each RL step runs mu updates over its rollout batch
+        steps *= cfg.rl.inner_epochs * cfg.rl.num_prompts * cfg.rl.group_size // cfg.train.rl.batch_size
+    total = steps * flops_per_step
+    out = {"stage_examples": n, "stage_steps": steps, "stage_total_flops": total}
+    paper_key = "rl" if stage in ("rl", "rollout") else stage
+    if paper_key in PAPER_TOTAL_FLOPS:
+        out["paper_total_flops"] = PAPER_TOTAL_FLOPS[paper_key]
+        if stage == "rollout":
+            out["notes_total"] = "rollout only; the paper's RL figure covers rollouts + updates + scoring"
+    if lengths is not None and stage in ("align", "sft"):
+        out |= packed_totals(cfg, stage, tcfg, n, steps, flops_per_step, lengths, mesh)
+    return out
+
+
+def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int, flops_per_step: float,
+                  lengths: Lengths, mesh: Mesh | None = None) -> dict[str, Any]:
+    """The stage in packed rows (`data.packing`: grain's first-fit packer replayed on the measured lengths, as many
+    bins as the batch has rows): fewer steps an epoch, each of `flops_per_step` (a packed row is as long as a
+    padded one), except sft's dual branch, whose packed row computes S OCR rows (`packed_ocr_step`). A recipe
+    counted in num_steps runs as many steps packed, each over more examples."""
+    from dlr_jax.data.packing import pack_stats
+
+    max_len = cfg.data.max_len
+    stats = pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
+    steps = stats.steps(tcfg.num_epochs, tcfg.batch_size, packed=True, examples=n) if tcfg.num_epochs > 0 \
+        else padded_steps
+    out = {"data_pack": cfg.data.pack, "examples_per_row": stats.examples_per_row,
+           "packed_efficiency": stats.packed_efficiency, "padded_efficiency": stats.padded_efficiency,
+           **lengths.summary(max_len)}
+    if stage == "sft":
+        from dlr_jax.plan.programs import plans_dual_branch
+
+        if plans_dual_branch(cfg):
+            out |= packed_ocr_step(cfg, lengths, mesh)
+            flops_per_step = out["flops_per_step_packed"]
+    return out | {"stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step}
+
+
+def packed_ocr_step(cfg: Config, lengths: Lengths, mesh: Mesh | None = None) -> dict[str, Any]:
+    """sft's dual branch on packed rows: S = `data.ocr_rows.ocr_slots` OCR rows a token row (from the measured
+    lengths, as the pipeline sizes them from its own), and the FLOPs of that step (`step_flops` on `mesh`, a
+    one-device CPU mesh when None: the count is of the global program, the same on any mesh)."""
+    from dlr_jax.data.ocr_rows import ocr_slots
+
+    slots = ocr_slots(lengths.lengths, cfg.data.max_len)
+    if mesh is None:
+        mesh = target_mesh(TARGETS["cpu"], dict.fromkeys(MESH_AXES, 1))
+    sampled = len(lengths.lengths) < lengths.population  # a sample's shortest may be longer than the data's
+    note = (f"the dual branch's packed row computes {slots} OCR rows (data.ocr_rows.ocr_slots: max_len // the "
+            "shortest " + ("measured " if sampled else "") + "sequence), one per segment slot, unused slots "
+            "included: the packed step counts them")
+    return {"ocr_slots": slots, "flops_per_step_packed": step_flops(cfg, "sft", mesh, ocr_slots=slots),
+            "notes_packed": note}
+
+
+def step_flops(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None = None) -> float:
+    """The counted FLOPs of the stage's step (`plan.flops` on its jaxpr, as `plan_once` counts them; no compile),
+    with `ocr_slots` OCR rows a token row for sft's dual branch (`programs.train_program`)."""
+    with use_mesh(mesh):
+        prog = build_program(cfg, stage, mesh, ocr_slots=ocr_slots)
+    with use_mesh(prog.mesh or mesh):
+        return program_flops(prog).total
+
+
+def program_flops(prog: Program) -> FlopCount:
+    """`plan.flops` on the program's jaxpr (every loop body times its trips); call under the program's mesh."""
+    static = (0, 1) if prog.stage == "rollout" else ()  # the decode loop's graphdef and config are static
+    return count_jaxpr(jax.make_jaxpr(prog.pure, static_argnums=static)(*prog.args), prog.while_trips)
