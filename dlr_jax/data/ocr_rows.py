@@ -17,8 +17,7 @@ from dlr_jax.data.cot_view import cot_view, render_texts
 from dlr_jax.data.curriculum import latent_codes, split_cot
 from dlr_jax.text.ocr_text import encode_target
 
-# `item` below is a `dlr_jax.data.pipeline.Item` (example, codes, steps, k, ocr_step); typed Any because the
-# pipeline imports this module and the import contracts allow no circle, not even for type checking.
+# `item` below is a `dlr_jax.data.items.Item` (example, codes, steps, k, ocr_step).
 OCR_KEYS = ("ocr_targets", "ocr_codes", "ocr_code_mask")
 
 

@@ -4,14 +4,14 @@ packed stage totals (`dlr_jax.plan.cli`).
 A stage's rows are `data.max_len` tokens whether they hold one example (padded) or several (packed,
 `data.packing`), so a step costs the same either way (but for sft's dual branch, whose packed row computes one OCR
 row per segment slot: `plan.totals.packed_ocr_step`) and the totals differ in how many steps an epoch takes. That
-needs the lengths of the stage's sequences (`data.pipeline.build_sequence`): the configured training split (a
+needs the lengths of the stage's sequences (`data.items.build_sequence`): the configured training split (a
 seeded sample of at most `SAMPLE` examples; the paper's GSM8K-Aug train split is 385,620), tokenised as the run
 would (`tokenizer.path` / `init_from`'s tokenizer; else the workdir's; else a BPE trained as the run trains one),
 with the run's latent counts per example (latent.source=random / step_results: as the stage draws them; codebook:
 the workdir's exported ids, else each CoT's canvas at the codebook's mean font size, N = (side / 64)^2, which is
 what the codebook stage's rendering gives at that size). Under sft's latent curriculum (`latent.curriculum`) an
 example's length is its longest row: the text CoT behind an empty span, or the whole span (the extremes of its
-mixed rows; the pipeline's own filter measures every k).
+mixed rows; the pipeline's own filter, `data.items.fitting_items`, measures every k).
 
 The lengths are cached as JSON under `$DLR_CACHE_DIR/lengths` (default `~/.cache/dlr_jax/lengths`), keyed by
 everything above that decides them (the data and tokenizer settings, the files read and their sizes and times);
@@ -165,7 +165,7 @@ def _latent_counts(cfg: Config, examples: list) -> tuple[list[int], str]:
 
 def measure(cfg: Config, stage: str, sample: int = SAMPLE) -> tuple[list[int], int, list[str]]:
     """(lengths of a seeded sample of the stage's sequences, examples in the split, notes); reads the data."""
-    from dlr_jax.data.pipeline import Item, build_sequence
+    from dlr_jax.data.items import Item, build_sequence
     from dlr_jax.data.sources import load_examples
 
     if stage not in STAGES:

@@ -8,9 +8,9 @@ import pytest
 
 from dlr_jax.config import load_config
 from dlr_jax.data.cot_view import cot_view, render_texts, step_results, step_views
+from dlr_jax.data.items import make_items
 from dlr_jax.data.latents import LatentTable
 from dlr_jax.data.ocr_rows import ocr_fields
-from dlr_jax.data.pipeline import make_items
 from dlr_jax.data.records import Example
 from dlr_jax.data.sources import corpus, corpus_texts, load_examples
 from dlr_jax.text.ocr_text import VOCAB

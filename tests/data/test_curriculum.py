@@ -7,9 +7,10 @@ from tokenizers import models, pre_tokenizers
 
 from dlr_jax.data import formats
 from dlr_jax.data.curriculum import Curriculum, split_cot
+from dlr_jax.data.items import Item, build_sequence, filter_by_length
 from dlr_jax.data.latents import LatentTable, step_result_latents
 from dlr_jax.data.ocr_rows import ocr_fields
-from dlr_jax.data.pipeline import Item, build_sequence, filter_by_length, make_stage_dataset
+from dlr_jax.data.pipeline import make_stage_dataset
 from dlr_jax.data.synthetic import generate
 from dlr_jax.rewards.answer_format import format_reward
 from dlr_jax.text.ocr_text import VOCAB, encode_target

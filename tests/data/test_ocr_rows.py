@@ -6,9 +6,10 @@ import pytest
 
 from dlr_jax.data.cot_view import step_views
 from dlr_jax.data.curriculum import Curriculum, ocr_step
+from dlr_jax.data.items import Item, build_sequence
 from dlr_jax.data.latents import LatentTable, random_latents
 from dlr_jax.data.ocr_rows import ocr_fields
-from dlr_jax.data.pipeline import Item, build_sequence, make_stage_dataset
+from dlr_jax.data.pipeline import make_stage_dataset
 from dlr_jax.data.synthetic import generate
 from dlr_jax.text.ocr_text import VOCAB, encode_target
 from dlr_jax.text.steps import split_steps

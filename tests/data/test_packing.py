@@ -4,9 +4,10 @@ import grain
 import numpy as np
 import pytest
 
+from dlr_jax.data.items import fitting_items
 from dlr_jax.data.latents import random_latents
 from dlr_jax.data.packing import PackStats, first_fit_rows, pack_stats
-from dlr_jax.data.pipeline import fitting_items, make_stage_dataset
+from dlr_jax.data.pipeline import make_stage_dataset
 from dlr_jax.data.synthetic import generate
 from dlr_jax.text.tokens import Tokenizer, train_bpe
 

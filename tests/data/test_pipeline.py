@@ -1,6 +1,5 @@
 import itertools
 import json
-import logging
 from collections import Counter
 
 import numpy as np
@@ -8,43 +7,10 @@ import pytest
 
 from dlr_jax.data import formats
 from dlr_jax.data.eval_prompts import make_eval_batches
-from dlr_jax.data.latents import random_latents
-from dlr_jax.data.pipeline import (
-    BATCH_KEYS,
-    Item,
-    build_sequence,
-    filter_by_length,
-    make_stage_dataset,
-)
-from dlr_jax.data.synthetic import generate
-from dlr_jax.text.tokens import Tokenizer, train_bpe
+from dlr_jax.data.items import Item, build_sequence
+from dlr_jax.data.pipeline import BATCH_KEYS, make_stage_dataset
 
-K, MAX_LEN, B = 64, 96, 4
-
-
-@pytest.fixture(scope="module")
-def examples():
-    seen, out = set(), []
-    for ex in generate(150, seed=0):  # unique questions, so sequences identify examples
-        if ex.question not in seen:
-            seen.add(ex.question)
-            out.append(ex)
-    return out
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    texts = [f"{e.question}\n{e.cot}<answer>{e.answer}</answer>" for e in generate(300, seed=1)]
-    base = train_bpe(texts, vocab_size=320, num_latents=K)
-    # a pad id other than 0 catches code that pads with zeros instead of tok.pad_id
-    tok = Tokenizer(base.backend, pad_token="<|pad|>", bos_token="<bos>", num_latents=K)
-    assert tok.pad_id not in (0, *base.special_ids)
-    return tok
-
-
-@pytest.fixture(scope="module")
-def table(examples):
-    return random_latents(examples, K, seed=0)
+MAX_LEN, B = 96, 4  # fixtures examples, tok, table: conftest.py
 
 
 def _expected(stage, tok, examples, table, max_len=MAX_LEN):
@@ -112,18 +78,6 @@ def test_one_epoch_covers_every_sequence_once(stage, pack, tok, examples, table)
         assert max(int(b["segment_ids"].max()) for b in batches) >= 3
     else:
         assert n_rows == sum(expected.values())
-
-
-def test_length_filter_counts_and_logs(tok, examples, table, caplog):
-    lens = [len(build_sequence("sft", tok, Item(ex, tuple(table[ex.id])))) for ex in examples]
-    max_len = int(np.median(lens))
-    with caplog.at_level(logging.INFO, logger="dlr_jax.data.pipeline"):
-        kept, dropped = filter_by_length("sft", examples, tok, max_len=max_len, latents=table)
-    assert dropped == sum(n > max_len for n in lens) > 0
-    assert [ex.id for ex in kept] == [ex.id for ex, n in zip(examples, lens, strict=True) if n <= max_len]
-    assert f"dropped {dropped} of {len(examples)} examples longer than max_len={max_len}" in caplog.text
-    batches = list(_ds("sft", examples, tok, max_len=max_len, latents=table, num_epochs=1, drop_remainder=False))
-    assert sum(int(b["segment_ids"][:, 0].sum()) for b in batches) == len(kept)
 
 
 @pytest.mark.parametrize("pack", [False, True])
@@ -231,7 +185,7 @@ def test_eval_batches(tok, examples):
 
 
 def test_out_of_range_token_id_is_one_clear_error_before_any_batch(examples, tok):
-    from dlr_jax.data.pipeline import TokenRangeError
+    from dlr_jax.data.items import TokenRangeError
 
     # A model table too small for ids the tokenizer produces, as when a Llama-3 embedding is not grown for
     # the added pad / boundary tokens. JAX would return NaN for these ids instead of failing.

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dlr_jax.config import load_config
+from dlr_jax.data.items import fitting_items
 from dlr_jax.data.latents import default_num_latents
-from dlr_jax.data.pipeline import fitting_items
 from dlr_jax.data.render_pipeline import canvas_side, render_config
 from dlr_jax.data.sources import load_examples
 from dlr_jax.plan import cli as plan

@@ -109,8 +109,8 @@ def one(inputs, tmp_path_factory):
 
 
 def test_the_paper_path_from_a_pretrained_ocr2_codebook(one, tmp_path):
+    from dlr_jax.data.items import filter_by_length
     from dlr_jax.data.latents import latents_path, read_latents
-    from dlr_jax.data.pipeline import filter_by_length
     from dlr_jax.data.sources import load_examples
     from dlr_jax.eval import interpret
     from dlr_jax.stages import common

@@ -185,7 +185,7 @@ def _ocr_batch(examples, tok, table, unit, *, pack, seed=0):
 def _by_example(batch, examples, tok, table):
     """{example id: its OCR fields} of a batch, each segment named by its tokens; packed batches read slot j - 1 for
     segment j."""
-    from dlr_jax.data.pipeline import Item, build_sequence
+    from dlr_jax.data.items import Item, build_sequence
 
     names = {tuple(build_sequence("sft", tok, Item(ex, tuple(table[ex.id]))).tokens.tolist()): ex.id for ex in examples}
     out = {}

@@ -19,9 +19,10 @@ from flax import nnx
 from dlr_jax.config import ConfigError, apply_overrides, load_config
 from dlr_jax.core.sharding import make_mesh
 from dlr_jax.data.cot_view import cot_view
+from dlr_jax.data.items import Item, build_sequence, filter_by_length
 from dlr_jax.data.latents import latents_path, write_latents
 from dlr_jax.data.ocr_rows import OCR_KEYS
-from dlr_jax.data.pipeline import Item, build_sequence, filter_by_length, make_stage_dataset
+from dlr_jax.data.pipeline import make_stage_dataset
 from dlr_jax.data.sources import load_examples
 from dlr_jax.models.codebook_model import CodebookModelConfig, build_codebook_model
 from dlr_jax.models.dual_branch import OCR_PARAMS, OCRBranch
