@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.micro import codebook_nets
 from tests.xla_env import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +24,20 @@ for _s, _n in (("textsft", 4), ("textsft_direct", 2), ("align", 2), ("sft", 2), 
     MICRO += [f"train.{_s}.batch_size=8", f"train.{_s}.num_steps={_n}", f"train.{_s}.progress=false",
               f"train.{_s}.async_checkpointing=false", f"train.{_s}.learning_rate=1e-2",
               f"train.{_s}.log_every=1"]
+
+# The codebook stage at micro size (on top of MICRO): the codebook's latents, a 128-px canvas (N = 4 codes; half font
+# gives 64 px, N = 1), micro networks for either encoder (codebook.encoder=qwen3_vl reads the vit_* sizes), K and d_c
+# from MICRO's latent.*, 2 main-phase steps with no warm-up, no continuous branch and no dead-code refresh, a 1-batch
+# k-means start and a held-out check on 4 CoTs.
+MICRO_CODEBOOK = [
+    "latent.source=codebook", "codebook.min_side=128", "codebook.max_side=128", "codebook.image_size=128",
+    "codebook.max_text_len=48", *codebook_nets(num_queries=4), "codebook.train.num_steps=2",
+    "codebook.train.batch_size=8", "codebook.train.progress=false", "codebook.train.async_checkpointing=false",
+    "codebook.train.learning_rate=1e-2", "codebook.train.log_every=1", "codebook.train.checkpoint_every=100",
+    "codebook.warmup_steps=0", "codebook.alpha_steps=0", "codebook.dead_code_every=0",
+    "codebook.kmeans_init_batches=1", "codebook.kmeans_iters=1", "codebook.eval_examples=4",
+    "codebook.eval_batch_size=8",
+]
 
 
 def micro_yaml(path: Path, extra: list[str] = ()) -> Path:

@@ -1,7 +1,7 @@
 """The paper's tables as experiments: `stages` (-Align, -SFT, -RL, -Proc, Full), `k_sweep` on the paper's grid,
 `decoding` with its forced stops and `encoder` (DeepEncoder V2 vs Qwen3-VL's tower, each at two font sizes); their
 full-scale commands (--dry-run), their tables in the paper's layout (from results files, with the paper's column),
-and one slow run of the first three on a micro config."""
+and slow runs of all four on micro configs."""
 
 from __future__ import annotations
 
@@ -232,3 +232,42 @@ def test_the_three_tables_run_on_a_micro_config(tmp_path):
         assert [row["label"] for row in res["paper_layout"]["rows"]] == [m["label"] for m in res["methods"]]
         assert all(row["avg"] for row in res["paper_layout"]["rows"]) and "In the paper's layout" in r.stdout
     assert (w / "k_sweep" / "k_sweep.png").is_file() and (w / "decoding" / "forced_stop.png").is_file()
+
+
+@pytest.mark.slow
+def test_the_encoder_table_runs_on_a_micro_config(tmp_path):
+    """encoder --seeds 1 on a micro config with the codebook's latents (tests/cli_micro.py MICRO_CODEBOOK): four
+    codebooks, each trained in its own variant's workdir (DeepEncoder V2 / Qwen3-VL's from-scratch tower, at a
+    128-px canvas and at half font on a 64-px one), each exported, aligned, SFT'd, RL'd and evaluated; the table
+    in the paper's layout."""
+    import numpy as np
+
+    from tests.cli_micro import MICRO_CODEBOOK, child_env, micro_yaml
+
+    cfg = micro_yaml(tmp_path / "micro.yaml", [*MICRO_CODEBOOK, "eval.batch_size=8"])
+    w = tmp_path / "w"
+    cmd = [sys.executable, "-m", "dlr_jax.experiments", "encoder", "--seeds", "1", "--workdir", str(w),
+           "--config", str(cfg)]
+    # one XLA cache for every stage process, small programs included: the variants' align, sft, rl and evaluation
+    # (and the codebook stages' OCR decoders) are the same programs, read back instead of compiled again
+    env = {**child_env(), "DLR_COMPILE_CACHE": str(tmp_path / "xla"),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((w / "encoder" / "results.json").read_text())
+    assert res["status"]["steps_done"] == res["status"]["steps_total"] == 25  # textsft once, then 4 x 6
+    assert [row["label"] for row in res["paper_layout"]["rows"]] == ENCODER_ROWS
+    assert all(row["avg"] for row in res["paper_layout"]["rows"]) and "In the paper's layout" in r.stdout
+    assert "| Qwen3-VL ViT, half font |" in (w / "encoder" / "table.md").read_text()
+    # each row's codebook is its own: trained in its variant's workdir with its encoder and canvas
+    want = {"main": ("deepencoder", 128, 4.0), "half_font": ("deepencoder", 64, 1.0),
+            "qwen3_vl": ("qwen3_vl", 128, 4.0), "qwen3_vl_half_font": ("qwen3_vl", 64, 1.0)}
+    books = []
+    for m in res["methods"]:
+        out = w / "seed0" / m["variant"] / "codebook"
+        assert not out.is_symlink() and not (w / "seed0" / m["variant"] / "latents").is_symlink()
+        cb = json.loads((out / "final" / "meta.json").read_text())["codebook"]
+        held = json.loads((out / "report.json").read_text())["held_out"]
+        assert (cb["encoder"], cb["max_side"], held["mean_n"]) == want[m["variant"]]
+        books.append(np.load(out / "codebook.npy"))
+    assert all(not np.array_equal(a, b) for i, a in enumerate(books) for b in books[i + 1:])
