@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from dlr_jax.config import Config, to_dict
+from dlr_jax.data.items import STAGES  # the stages whose rows are tokens
 
 SAMPLE = 20_000
 VERSION = 1
-STAGES = ("textsft", "align", "sft")
 
 
 def cache_dir() -> Path:
