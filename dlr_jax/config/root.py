@@ -20,6 +20,7 @@ class RunConfig:
 SYNTHETIC_COT_STYLES = ("equations", "natural")  # data/synthetic.py natural_chain; its SyntheticConfig checks these
 GSM8K_COTS = ("equations", "raw", "natural")  # data/gsm8k.py CotStyle
 ALIGN_PARTS = ("sft", "all")  # data.align_part (dlr_jax/stages/common.py stage_examples)
+PAD_TO = ("longest", "max_len")  # data.pad_to (dlr_jax/data/pipeline.py row_width)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +29,11 @@ class DataConfig:
     path: str | None = None  # a user copy of the dataset (file or folder); None = shared data
     train_split: str = "train"
     eval_split: str = "test"  # or "name:split" of another benchmark, for a non-synthetic dataset (math500:test)
-    max_len: int = 256  # tokens per training row; longer examples are dropped and counted
+    max_len: int = 256  # tokens per training row at most; longer examples are dropped and counted
+    # Padded (not packed) rows: "longest" = as wide as the stage's longest kept example, rounded up to a multiple of
+    # 16 (one shape a stage, so one compile; a row's padding is masked out of attention and loss, so the step computes
+    # the same loss on fewer tokens); "max_len" = always data.max_len wide (a planner's worst case, every stage)
+    pad_to: str = "longest"
     synthetic_train: int = 20000
     synthetic_eval: int = 500
     # The synthetic task's difficulty (data/synthetic.py SyntheticConfig): equations per problem drawn from
@@ -80,6 +85,8 @@ class DataConfig:
         if self.synthetic_cot_style not in SYNTHETIC_COT_STYLES:
             raise ConfigError(f"data.synthetic_cot_style must be {'|'.join(SYNTHETIC_COT_STYLES)}, "
                               f"got {self.synthetic_cot_style!r}")
+        if self.pad_to not in PAD_TO:
+            raise ConfigError(f"data.pad_to must be {'|'.join(PAD_TO)}, got {self.pad_to!r}")
         if self.align_part not in ALIGN_PARTS:
             raise ConfigError(f"data.align_part must be {'|'.join(ALIGN_PARTS)}, got {self.align_part!r}")
         if self.gsm8k_cot not in GSM8K_COTS:

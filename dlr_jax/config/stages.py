@@ -230,6 +230,9 @@ class RLConfig:
     eval_samples: int = 4
     eval_split: str = ""  # "" = data.eval_split; "pool" = the RL training prompts (rl.prompt_pool); a split
     eval_every: int = 10
+    # the held-out rollouts' temperature: None = rl.temperature (the sampling policy GRPO trains); 0 = greedy, the
+    # decoding of every Pass@1 table here (needs eval_samples = 1: greedy rollouts of a prompt are all the same)
+    eval_temperature: float | None = None
     # pass@k (unbiased, from the eval_samples rollouts of each prompt) and maj@k (majority vote of k) of the
     # held-out evaluation, for each k here (1 <= k <= eval_samples); () = 1 and eval_samples
     eval_k: tuple[int, ...] = ()

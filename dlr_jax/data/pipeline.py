@@ -4,11 +4,11 @@
     .shuffle(seed) --> .repeat(num_epochs) (reshuffled every epoch) --> (sft's latent curriculum: each
     element's k from its stream position, `data.curriculum`) --> this process's rows of
     each global batch (`ProcessSlice`) --> .map(tokenise, formats.py)
-    --> pad to max_len and .batch()                      (pack=False)
+    --> pad to the row width and .batch()                (pack=False; `row_width`: max_len or the longest example)
      or .to_iter_dataset() --> FirstFitPackIterDataset --> .batch()   (pack=True)
     --> optional .mp_prefetch(num_workers)
 
-A batch is a dict of numpy arrays, each [batch_size, max_len] int32:
+A batch is a dict of numpy arrays, each [batch_size, row width] int32 (packed: max_len):
 
     tokens       token ids, right-padded with tok.pad_id
     loss_mask    1 where tokens[b, t] is a target (predicted from tokens[b, :t] of its segment)
@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import grain
@@ -166,6 +166,7 @@ def make_stage_dataset(
     vocab_size: int | None = None,
     curriculum: Curriculum | None = None,
     ocr_unit: str = "chain",
+    pad_to: str = "max_len",
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
@@ -183,6 +184,8 @@ def make_stage_dataset(
     cut)`, a picklable top-level callable; None = `ocr_text.encode_target` (characters). vocab_size: the model's
     embedding rows; every example's ids are checked against it up front (`check_token_range`). ocr_unit:
     `codebook.render_unit`; `step` makes each row's OCR target one latent step (see the module docstring).
+    pad_to: padded rows' width (`data.pad_to`, `row_width`): "max_len", or "longest" = the longest kept example
+    rounded up to ROW_MULTIPLE (at most max_len). Packed rows are always max_len wide.
     curriculum: stage sft's latent curriculum (`data.curriculum`): each element's k is set from its position in the
     global stream; a stagewise one needs the schedule's length before the first batch
     (`StageData.schedule_curriculum`).
@@ -254,7 +257,8 @@ def make_stage_dataset(
             stats = pack_stats(lengths, max_len, num_packing_bins or batch_size, seed)
             return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count,
                              packed=True, examples=len(items), pack=stats, curriculum=cur, rebuild=assemble)
-        ds = ds.map(functools.partial(_pad, max_len=max_len, pad_id=tok.pad_id))
+        width = row_width(lengths, max_len, pad_to)
+        ds = ds.map(functools.partial(_pad, max_len=width, pad_id=tok.pad_id))
         batches = ds.batch(batch_size, drop_remainder=drop_remainder)
 
         def from_batch(start: int) -> Any:
@@ -263,10 +267,25 @@ def make_stage_dataset(
             return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
 
         return StageData(from_batch, batch_size * shard_count, shard_count, packed=False, examples=len(items),
-                         pack=PackStats(len(items), int(sum(lengths)), max_len, rows=len(items)), curriculum=cur,
+                         pack=PackStats(len(items), int(sum(lengths)), width, rows=len(items)), curriculum=cur,
                          rebuild=assemble)
 
     return assemble(curriculum)
+
+
+ROW_MULTIPLE = 16
+
+
+def row_width(lengths: Sequence[int], max_len: int, pad_to: str) -> int:
+    """Padded rows' width: max_len, or (pad_to="longest") the longest of `lengths` (every kept example of the stage,
+    over all processes, so every process and every batch gets one shape) rounded up to ROW_MULTIPLE, at most
+    max_len. Pad tokens sit after an example's last token, are out of its loss and, causal, out of its attention."""
+    if pad_to == "max_len":
+        return max_len
+    if pad_to != "longest":
+        raise ValueError(f"pad_to must be longest or max_len, got {pad_to!r}")
+    longest = max(lengths, default=1)
+    return min(max_len, -(-longest // ROW_MULTIPLE) * ROW_MULTIPLE)
 
 
 def _prefetch(it: grain.IterDataset, num_workers: int) -> grain.IterDataset:

@@ -141,7 +141,8 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     data = make_stage_dataset(
         stage, train, tok, batch_size=local_batch(tcfg.batch_size), max_len=cfg.data.max_len,
         seed=cfg.run.seed, latents=latents, pack=cfg.data.pack, num_workers=cfg.data.num_workers,
-        vocab_size=model.vocab_size, curriculum=curriculum, **(branch.data_kwargs() if branch is not None else {}),
+        vocab_size=model.vocab_size, curriculum=curriculum, pad_to=cfg.data.pad_to,
+        **(branch.data_kwargs() if branch is not None else {}),
     )
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None)

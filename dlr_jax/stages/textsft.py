@@ -59,6 +59,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         pack=cfg.data.pack,
         num_workers=cfg.data.num_workers,
         vocab_size=model.cfg.vocab_size,
+        pad_to=cfg.data.pad_to,
     )
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None)

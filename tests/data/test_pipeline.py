@@ -8,7 +8,7 @@ import pytest
 from dlr_jax.data import formats
 from dlr_jax.data.eval_prompts import make_eval_batches
 from dlr_jax.data.items import Item, build_sequence
-from dlr_jax.data.pipeline import BATCH_KEYS, make_stage_dataset
+from dlr_jax.data.pipeline import BATCH_KEYS, ROW_MULTIPLE, make_stage_dataset, row_width
 
 MAX_LEN, B = 96, 4  # fixtures examples, tok, table: conftest.py
 
@@ -78,6 +78,32 @@ def test_one_epoch_covers_every_sequence_once(stage, pack, tok, examples, table)
         assert max(int(b["segment_ids"].max()) for b in batches) >= 3
     else:
         assert n_rows == sum(expected.values())
+
+
+def test_row_width():
+    assert row_width([5, 17, 9], 96, "max_len") == 96
+    assert row_width([5, 17, 9], 96, "longest") == 32  # 17 rounded up to a multiple of 16
+    assert row_width([16], 96, "longest") == 16
+    assert row_width([90], 95, "longest") == 95  # never past max_len
+    with pytest.raises(ValueError, match="pad_to must be longest or max_len"):
+        row_width([5], 96, "shortest")
+
+
+@pytest.mark.parametrize("stage", ["textsft", "align", "sft"])
+def test_longest_rows_hold_the_max_len_rows_without_their_trailing_padding(stage, tok, examples, table):
+    """pad_to="longest": one width for the whole stage (the longest kept example, rounded up), the same rows in
+    the same order as max_len-wide ones, cut where only padding was."""
+    kw = {"latents": table, "num_epochs": 1, "drop_remainder": False, "max_len": 3 * MAX_LEN}
+    full, trim = list(_ds(stage, examples, tok, **kw)), list(_ds(stage, examples, tok, pad_to="longest", **kw))
+    longest = max(len(build_sequence(stage, tok, Item(ex, tuple(table[ex.id]) if stage != "textsft" else ())))
+                  for ex in examples)
+    assert longest <= 3 * MAX_LEN - ROW_MULTIPLE  # every example fits, with room to trim
+    width = -(-longest // ROW_MULTIPLE) * ROW_MULTIPLE
+    assert {b["tokens"].shape[1] for b in trim} == {width}
+    for f, t in zip(full, trim, strict=True):
+        for k in BATCH_KEYS:
+            np.testing.assert_array_equal(f[k][:, :width], t[k])
+            assert (f[k][:, width:] == (tok.pad_id if k == "tokens" else 0)).all()
 
 
 @pytest.mark.parametrize("pack", [False, True])

@@ -4,8 +4,9 @@ The training reward of an RL step is measured on that step's P prompts; with P =
 (problem difficulty varies) hides a change of a few points. This evaluation samples the same
 `rl.eval_prompts` prompts (`rl.eval_split`: data.eval_split by default, or "pool" = the RL
 training problems of `rl.prompt_pool`), `rl.eval_samples` times each, at the rollout
-temperature, with the same random numbers every time (common random numbers: a difference between
-two evaluations is the policy's, not the sampler's), and scores them with the training reward. It
+temperature (or `rl.eval_temperature`; 0 = greedy, the tables' Pass@1), with the same random
+numbers every time (common random numbers: a difference between two evaluations is the policy's,
+not the sampler's), and scores them with the training reward. It
 runs before the first RL step (step 0), every `rl.eval_every` steps and after the last one, and
 adds `eval/reward`, `eval/accuracy` and `eval/reward/<component>` rows to `rl/metrics.jsonl` (and
 TensorBoard).

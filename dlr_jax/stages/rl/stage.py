@@ -146,6 +146,11 @@ def _check(cfg: Config) -> None:
                         f"rl.max_latents={rl.max_latents} latents (need >= max_latents + 5)")
     if rl.scale_rewards not in grpo.SCALE_MODES:
         problems.append(f"rl.scale_rewards must be one of {grpo.SCALE_MODES}, got {rl.scale_rewards!r}")
+    if rl.eval_temperature is not None and rl.eval_temperature < 0:
+        problems.append(f"rl.eval_temperature={rl.eval_temperature} must be >= 0 (0 = greedy)")
+    if rl.eval_temperature == 0 and rl.eval_samples != 1:
+        problems.append(f"rl.eval_temperature=0 (greedy) makes the rl.eval_samples={rl.eval_samples} rollouts of a "
+                        "prompt identical: set rl.eval_samples=1")
     if rl.eval_prompts:
         try:
             eval_ks(rl.eval_k, rl.eval_samples)
@@ -291,7 +296,9 @@ def run(
 
     def held_out_score(rows: list[list[int]], group: list[Any], chunk: int):
         # the same key at every evaluation: common random numbers across the curve
-        out = grpo_step.generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk))
+        temperature = {} if rl.eval_temperature is None else {"temperature": rl.eval_temperature}
+        out = grpo_step.generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk),
+                                 **temperature)
         parsed, reward, parts = grpo_step.rewards(out, group)
         return reward, parts, [extract_answer(p.text) for p in parsed]  # the answers vote for maj@k
 

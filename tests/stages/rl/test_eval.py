@@ -150,6 +150,35 @@ def test_a_stop_on_an_evaluation_step_evaluates_it_when_the_run_resumes(workdir,
     assert [m["step"] for m in lines if "reward" in m] == [1, 2, 3]
 
 
+def test_a_greedy_held_out_curve_does_not_depend_on_the_random_numbers(workdir, tmp_path, monkeypatch):  # noqa: F811
+    """rl.eval_temperature=0: the held-out rollouts are the greedy decoding the Pass@1 tables use. The evaluation's
+    last chunk is filled with repeats of its first prompt, each drawn with its own random numbers: greedy, they
+    write that prompt's completion again; at the rollout temperature (1) they do not."""
+    cfg, w = workdir
+    base = apply_overrides(cfg, ["rl.process_weight=0", "rl.eval_prompts=4", "rl.eval_samples=1", "rl.eval_every=1",
+                                 "rl.eval_split=test", "train.rl.checkpoint_every=100"])
+    scored = []  # (completions, example ids) of every rewards() call: the step-0 evaluation's come first
+    rewards = rl.GRPOStep.rewards
+    monkeypatch.setattr(rl.GRPOStep, "rewards", lambda self, out, group: scored.append(
+        (np.asarray(out.tokens), [ex.id for ex in group])) or rewards(self, out, group))
+    step0 = {}
+    for name, over in {"greedy": ["rl.eval_temperature=0"], "sampled": []}.items():
+        (tmp_path / name).mkdir()
+        for part in ("config.yaml", "tokenizer", "textsft_cot", "sft"):
+            src = w / part
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / name / part)
+        scored.clear()
+        rl.run(apply_overrides(base, over), tmp_path / name, num_steps=1)
+        step0[name] = scored[0]
+    for name, (tokens, ids) in step0.items():
+        repeats = [i for i in range(4, len(ids)) if ids[i] == ids[0]]
+        assert len(repeats) >= 2, ids  # 4 prompts in a chunk of P x G rows
+        same = [np.array_equal(tokens[i], tokens[0]) for i in repeats]
+        assert all(same) if name == "greedy" else not all(same), (name, tokens[[0, *repeats]])
+    with pytest.raises(ValueError, match="rl.eval_samples=1"):
+        rl.run(apply_overrides(base, ["rl.eval_temperature=0", "rl.eval_samples=2"]), tmp_path / "bad")
+
+
 def test_prompt_pool_and_evaluating_on_it(workdir, tmp_path):  # noqa: F811
     """rl.prompt_pool limits RL to the first training problems (epochs over them); rl.eval_split=pool
     evaluates on those same prompts."""
