@@ -18,10 +18,12 @@ import yaml
 
 from dlr_jax.config import to_dict
 from dlr_jax.core.machine import cpu_model
+from dlr_jax.experiments.baselines import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT
 from dlr_jax.experiments.paper_numbers import paper_rows
-from dlr_jax.experiments.plan import DIRECT_FROM_COT, MATCHED_COT, MATCHED_DIRECT, PAPER_TABLES, Experiment, Method
+from dlr_jax.experiments.plan import PAPER_TABLES
 from dlr_jax.experiments.runner import seed_dir
 from dlr_jax.experiments.stats import mean_std, paired_t_test
+from dlr_jax.experiments.variants import Experiment, Method
 from dlr_jax.run.workdir import final_dir, stage_dir, workdir_config
 
 FIELDS = ("pass_at_1", "L", "n_latents", "gen_tokens", "wall_s_per_question", "warm_wall_s_per_question")

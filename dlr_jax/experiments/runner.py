@@ -4,7 +4,10 @@ each stage keeps its own resume, lock and config checks."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,12 +16,46 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dlr_jax.config import load_config
-from dlr_jax.experiments.plan import PRODUCTS, Experiment, Step
+from dlr_jax.experiments.variants import PRODUCTS, Experiment
 
 # Per-seed training seeds: the run (data order, init, synthetic data) and every trainer's RNG.
 SEEDED = ("run.seed", "train.textsft.seed", "train.textsft_direct.seed", "train.align.seed", "train.sft.seed",
           "train.rl.seed", "codebook.train.seed")
 EVAL_PREFIXES = ("eval.", "sampling.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command of the experiment, with the files whose presence means it is done."""
+
+    seed: int
+    variant: str
+    kind: str  # "train" | "evaluate"
+    stage: str
+    argv: tuple[str, ...]
+    done_files: tuple[Path, ...]
+    workdir: Path
+    links: tuple[tuple[Path, Path], ...] = ()  # (link, target) made before the command runs
+    log: Path | None = None
+    # evaluate steps: the benchmarks their results.json must hold, so adding one to eval.benchmarks
+    # re-evaluates a finished run instead of skipping it
+    benchmarks: tuple[str, ...] = ()
+
+    def is_done(self) -> bool:
+        return all(f.is_file() and _holds(f, self.benchmarks) for f in self.done_files)
+
+    def shell(self) -> str:
+        return shlex.join(self.argv)
+
+
+def _holds(results: Path, benchmarks: Sequence[str]) -> bool:
+    if not benchmarks:
+        return True
+    try:
+        done = json.loads(results.read_text()).get("benchmarks", {})
+    except (OSError, ValueError):
+        return False
+    return all(b in done for b in benchmarks)
 
 
 def seed_overrides(seed: int) -> tuple[str, ...]:

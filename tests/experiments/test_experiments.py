@@ -17,20 +17,18 @@ import pytest
 from dlr_jax.config import dump_config, load_config
 from dlr_jax.experiments import main as cli_main
 from dlr_jax.experiments import plots, report, runner
-from dlr_jax.experiments.plan import (
+from dlr_jax.experiments.baselines import (
     DIRECT_FROM_COT,
     MATCHED_COT,
     MATCHED_DIRECT,
-    Method,
-    Step,
     direct_from_cot_variant,
-    experiment,
-    half_font_overrides,
-    k_values,
-    larger_canvas_overrides,
     matched_budget,
 )
+from dlr_jax.experiments.plan import experiment, k_values
+from dlr_jax.experiments.rendering import half_font_overrides, larger_canvas_overrides
+from dlr_jax.experiments.runner import Step
 from dlr_jax.experiments.stats import betainc, paired_t_test, t_two_sided_p
+from dlr_jax.experiments.variants import Method
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.yaml")

@@ -15,7 +15,9 @@ import pytest
 from dlr_jax.config import load_config
 from dlr_jax.experiments import main as cli_main
 from dlr_jax.experiments import paper_numbers, plots, report
-from dlr_jax.experiments.plan import ENCODER_FROM_PLACEHOLDER, STAGE_ROWS, experiment, half_font_overrides
+from dlr_jax.experiments.encoders import ENCODER_FROM_PLACEHOLDER
+from dlr_jax.experiments.plan import STAGE_ROWS, experiment
+from dlr_jax.experiments.rendering import half_font_overrides
 from dlr_jax.run.preflight import check_rates
 
 ROOT = Path(__file__).resolve().parents[2]

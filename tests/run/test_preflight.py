@@ -123,8 +123,8 @@ def test_a_zero_learning_rate_is_allowed_where_a_recipe_freezes_the_stage_by_des
     from dlr_jax.run.preflight import check_rates
 
     check_rates(load_config(TINY))
-    # the w/o-align and w/o-SFT ablations and the direct_from_cot control (experiments/plan.py); a weight of 0 turns
-    # a term off
+    # the w/o-align and w/o-SFT ablations (experiments/plan.py) and the direct_from_cot control
+    # (experiments/baselines.py); a weight of 0 turns a term off
     check_rates(load_config(TINY, ["train.align.learning_rate=0.0", "train.sft.learning_rate=0.0",
                                    "train.textsft_direct.learning_rate=0.0",
                                    "rl.process_weight=0", "rl.beta=0", "codebook.lambda_vq=0"]))
