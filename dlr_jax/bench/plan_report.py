@@ -3,7 +3,10 @@
     JAX_PLATFORMS=cpu python -m dlr_jax.bench.plan_report --configs configs/llama3.1-8b.yaml,configs/qwen3-4b.yaml \\
         --stages sft,rl,rollout --devices h100,tpu-v5p --out BENCHMARKS.md
 
-Each cell is one deviceless compile (`plan.plan_once`); `--jsonl F` also keeps every plan as a line of
+Each cell is one deviceless compile (`plan.plan_once`). For the stages whose rows are tokens (textsft, align, sft)
+the configured training data's sequence lengths are measured (once, cached: `dlr_jax.plan.lengths`;
+`--no-lengths` skips them) and a second table sets each stage's total in packed rows beside the padded one, FLOPs
+and time at the roofline (`packed_table`). `--jsonl F` also keeps every plan as a line of
 JSON (with the command and machine that made it), and `--from-jsonl F1,F2` rebuilds the table from such files
 without compiling again: rows of several runs (another config's stages, the TPU compiler's own environment)
 in one table, each run's command named.
@@ -41,8 +44,9 @@ def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
         f"Command: {commands(rows, command, machine)}. Memory is XLA's buffer assignment for the target (peak = "
         "arguments + outputs - aliased + temporaries); FLOPs are counted on the step's jaxpr with every loop body "
         "times its trip count (XLA's own cost analysis sees a `while` body once); time and MFU are a roofline "
-        "(max of FLOPs / peak and bytes / bandwidth), not a measurement. Every row pads its sequences to the "
-        "recipe's 256 tokens (global batch 64), so the stage totals assume no packing.",
+        "(max of FLOPs / peak and bytes / bandwidth), not a measurement. Every row of this table pads its sequences to "
+        "the recipe's 256 tokens (global batch 64), so its stage totals assume no packing; where the stage's data "
+        "could be read, the table after it sets them beside packed rows.",
         "",
         "| config | stage | device | mesh (d,f,t) | remat | peak / HBM | fits | FLOPs / step | roofline | MFU "
         "| largest vocab-sized value | stage total (paper) |",
@@ -81,6 +85,48 @@ def table(rows: Sequence[dict[str, Any]], *, command: str, machine: str) -> str:
             "sequence chunks (issue 19). A training step's largest vocabulary-sized value is the text head's fp32 "
             "weight gradient, hidden x text rows (in either order): each device's partial sum over its share of "
             "the batch, before the reduce-scatter that shards it."]
+    packed = packed_table(rows)
+    return "\n".join(out) + "\n" + (f"\n{packed}" if packed else "")
+
+
+def packed_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The stage totals of the plans that have packed ones (`plan.totals.packed_totals`), padded and packed side by
+    side: steps, FLOPs a step, the whole stage's FLOPs and its time at the roofline (`plan.totals.stage_times`);
+    then how each stage's lengths were measured. "" when no plan has packed totals."""
+    from dlr_jax.plan.cli import format_duration
+
+    rows = [r for r in rows if "stage_steps_packed" in r and "error" not in r]
+    if not rows:
+        return ""
+    p = lambda x: f"{x / 1e15:,.0f} P"  # noqa: E731
+    t = lambda r, k: format_duration(r[k]) if k in r else "—"  # noqa: E731
+    out = ["### Padded vs packed rows: whole-stage totals",
+           "A row of `data.max_len` tokens holds one example (padded) or several (packed, `data.pack=true`: grain's "
+           "first-fit packer replayed on the measured lengths of the configured training data, as many open rows as "
+           "the batch has). A packed step runs the padded step's program, so it costs the same and an epoch takes "
+           "fewer steps; sft's dual branch is the exception: its packed row computes S OCR rows, one a segment slot "
+           "(`data.ocr_rows.ocr_slots`), and that step is counted and compiled apart. Time = steps x the roofline "
+           "step time on the row's devices, a bound, not a measurement.",
+           "",
+           "| config | stage | device | tokens: mean / p95 / max | examples a row | steps (padded / packed) "
+           "| FLOPs / step (padded / packed) | stage total, padded (paper) | stage total, packed | packed / padded "
+           "| roofline, padded | roofline, packed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes: dict[str, list[str]] = {}
+    for r in rows:
+        step = r.get("flops_per_step_packed", r["flops_per_step"])
+        ocr = f" ({r['ocr_slots']} OCR rows a row)" if "ocr_slots" in r else ""
+        paper = f" ({p(r['paper_total_flops'])})" if r.get("paper_total_flops") else ""
+        out.append(
+            f"| {r.get('config', '')} | {r['stage']} | {r['device']} | {r['length_mean']:.0f} / "
+            f"{r['length_p95']:.0f} / {r['length_max']} | {r['examples_per_row']:.2f} | "
+            f"{r['stage_steps']:,} / {r['stage_steps_packed']:,} | {r['flops_per_step']:.3g} / {step:.3g}{ocr} | "
+            f"{p(r['stage_total_flops'])}{paper} | {p(r['stage_total_flops_packed'])} | "
+            f"{r['stage_total_flops_packed'] / r['stage_total_flops']:.2f} | {t(r, 'stage_roofline_s')} | "
+            f"{t(r, 'stage_roofline_s_packed')} |")
+        notes.setdefault("; ".join(r.get("lengths_notes", [])), []).append(f"{r.get('config', '')} {r['stage']}")
+    out.append("")
+    out += [f"Lengths of {', '.join(dict.fromkeys(who))}: {what}." for what, who in notes.items()]
     return "\n".join(out) + "\n"
 
 
@@ -113,10 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--from-jsonl", help="build the table from saved plans (each with a 'config' key): files, "
                     "comma-separated; a row without its own command and machine is said to come from this one's")
     ap.add_argument("--machine", help="the machine of rows that do not name theirs (default: this one, today)")
+    ap.add_argument("--no-lengths", action="store_true",
+                    help="do not read the training data for its sequence lengths (no packed totals)")
     a = ap.parse_args(argv)
     command = ("JAX_PLATFORMS=cpu python -m dlr_jax.bench.plan_report " +
                f"--configs {a.configs} --stages {a.stages} --devices {a.devices} --mesh {a.mesh}" +
-               "".join(f" --set {o}" for o in a.overrides))
+               "".join(f" --set {o}" for o in a.overrides) + (" --no-lengths" if a.no_lengths else ""))
     day = datetime.date.today().isoformat()
     machine = a.machine or f"{platform.processor() or platform.machine()} host, no accelerator, {day}; {_compilers()}"
     rows: list[dict[str, Any]] = []
@@ -132,10 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         shape = parse_mesh_spec(a.mesh)
         for path in a.configs.split(","):
             cfg = load_config(path, a.overrides)
+            # the stage's data lengths (for its packed totals) are the config's, whatever the device
+            lengths = {stage: plan.measured_lengths(cfg, stage, skip=a.no_lengths) for stage in a.stages.split(",")}
             for device in a.devices.split(","):
                 for stage in a.stages.split(","):
+                    measured, skipped = lengths[stage]
                     try:
-                        r = plan.plan_once(cfg, stage, TARGETS[device], shape)
+                        r = plan.plan_once(cfg, stage, TARGETS[device], shape, measured)
+                        if skipped:
+                            r["notes"].append(skipped)
                     except Exception as e:  # noqa: BLE001 - a failed compile is a row of the table
                         r = {"stage": stage, "device": device, "error": f"{type(e).__name__}: {e}"}
                     r |= {"config": Path(path).stem, "command": command, "machine": machine}

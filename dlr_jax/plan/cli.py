@@ -3,21 +3,22 @@
 Plans a stage before renting the machine: lowers and compiles the stage's real jitted step (the
 function the Trainer / sampler runs, with its shardings, dtypes, remat and donation) from abstract
 shapes — no parameter is allocated — for the target's devices, deviceless (`dlr_jax.plan.targets`).
-Stages: `align`, `sft` (+ its dual-branch OCR decoder when the stage would train it: `latent.dual_branch` on,
-or auto with codebook latents of a from-scratch codebook), `rl` (the GRPO update), `rollout` (prefill + the
-decode loop over a full KV cache), `codebook` (encoder + VQ + OCR decoder; the DeepSeek-OCR-2 network with
-`codebook.init_from`). With `init_from` the backbone is the checkpoint's config.json (and its tokenizer's id
-layout when tokenizer.json is there): only those files are read, never the weights.
+Stages: `textsft` (the CoT-SFT baseline), `align`, `sft` (+ its dual-branch OCR decoder when the stage would train
+it: `latent.dual_branch` on, or auto with codebook latents of a from-scratch codebook), `rl` (the GRPO update),
+`rollout` (prefill + the decode loop over a full KV cache), `codebook` (encoder + VQ + OCR decoder; the
+DeepSeek-OCR-2 network with `codebook.init_from`). With `init_from` the backbone is the checkpoint's config.json
+(and its tokenizer's id layout when tokenizer.json is there): only those files are read, never the weights.
 
 Per device it prints XLA's buffer assignment (arguments, outputs, aliased, temporaries; peak =
 arguments + outputs - aliased + temporaries, against the HBM), the step's FLOPs (counted on the jaxpr
 with every loop body times its trip count, `dlr_jax.plan.flops`: XLA's cost analysis counts a `while`
 body once, and is shown beside it), bytes accessed (XLA), tokens per step, a roofline step time
 (max of FLOPs / peak and bytes / bandwidth) with the MFU it implies, and for the recipe's data size
-the stage's total FLOPs next to the paper's figure: in padded rows (one example a row) and, for align and sft,
-in packed rows too, from the configured data's measured sequence lengths (read once and cached,
+the stage's total FLOPs next to the paper's figure: in padded rows (one example a row) and, for textsft, align and
+sft, in packed rows too, from the configured data's measured sequence lengths (read once and cached,
 `dlr_jax.plan.lengths`; `--refresh-lengths`, `--no-lengths`; sft's dual branch counts its packed step, S OCR rows
-a row, apart: `packed_ocr_step`). `--search` tries remat policies, micro-batches
+a row, apart: `packed_ocr_step`, and compiles it for its own roofline), each with its time at the roofline (steps x
+step time, `plan.totals.stage_times`). `--search` tries remat policies, micro-batches
 (grad_accum) and mesh shapes of the same device count and reports the fastest plan that fits.
 `--json` prints one JSON object per plan.
 """
@@ -44,7 +45,7 @@ from dlr_jax.plan.lengths import Lengths
 from dlr_jax.plan.programs import BOUNDARY_TOKENS as BOUNDARY_TOKENS  # noqa: F401 - public: plan.BOUNDARY_TOKENS
 from dlr_jax.plan.programs import STAGES, build_program, latent_lm_abstract
 from dlr_jax.plan.targets import TARGETS, Target, TargetUnavailable, target_mesh
-from dlr_jax.plan.totals import program_flops, stage_total_flops
+from dlr_jax.plan.totals import PACKED_STAGES, program_flops, stage_times, stage_total_flops
 
 # ----------------------------------------------------------------------------------------------
 # Compile, measure, estimate.
@@ -205,7 +206,26 @@ def plan_once(cfg: Config, stage: str, target: Target, mesh_shape: dict[str, int
     total = stage_total_flops(cfg, stage, flops.total, prog, lengths, mesh)
     if total:
         out |= total
-    return out
+    if "ocr_slots" in out and "roofline_step_s" in out:  # sft's dual branch: the packed step is its own program
+        out |= packed_step_estimate(cfg, stage, target, mesh, out["ocr_slots"], out["flops_per_step_packed"])
+    return out | stage_times(out)
+
+
+def packed_step_estimate(cfg: Config, stage: str, target: Target, mesh: Any, ocr_slots: int,
+                         flops_per_step: float) -> dict[str, Any]:
+    """sft's dual-branch step on packed rows (`ocr_slots` OCR rows a token row), compiled for `target` on `mesh`:
+    its peak memory and roofline step time (`device_estimate` with its counted `flops_per_step`), keys suffixed
+    `_packed`; a compile that fails is a note, the packed step time then left out."""
+    try:
+        with use_mesh(mesh):
+            prog = build_program(cfg, stage, mesh, ocr_slots=ocr_slots)
+        with use_mesh(prog.mesh or mesh):
+            compiled, cublas = _compile(prog.jitted.lower(*prog.args), target)
+    except Exception as e:  # noqa: BLE001 - the padded plan stands without it
+        return {"notes_packed_step": f"the packed step did not compile ({type(e).__name__}: {str(e)[:200]})"}
+    est = device_estimate(compiled, flops_per_step / mesh.size, target, cost=not cublas)
+    keys = ("peak_bytes", "fits", "roofline_step_s", "roofline_bound", "roofline_mfu")
+    return {f"{k}_packed": est[k] for k in keys if k in est}
 
 
 def _accum(cfg: Config, stage: str) -> int:
@@ -232,7 +252,7 @@ def search(cfg: Config, stage: str, target: Target, devices: int,
                 c = dataclasses.replace(cfg, codebook=dataclasses.replace(cfg.codebook, remat=remat))
             else:
                 c = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=remat))
-            if stage in ("align", "sft", "rl"):
+            if stage in ("textsft", "align", "sft", "rl"):
                 t = getattr(c.train, stage)
                 if t.batch_size % (accum * devices) and t.batch_size % accum:
                     continue
@@ -261,6 +281,15 @@ def search(cfg: Config, stage: str, target: Target, devices: int,
 
 def _flops(x: float) -> str:
     return f"{x / 1e15:,.0f} PFLOPs" if x >= 1e16 else f"{x:.3g} FLOPs"
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as a person reads a run's length: s under two minutes, min under two hours, h beyond."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:,.1f} h" if seconds < 360_000 else f"{seconds / 3600:,.0f} h"
 
 
 def format_plan(r: dict[str, Any]) -> str:
@@ -296,6 +325,17 @@ def format_plan(r: dict[str, Any]) -> str:
                      f"{r['lengths_measured']:,} longer than data.max_len); " + "; ".join(r["lengths_notes"]))
         if r.get("notes_packed"):
             lines.append(f"  note: {r['notes_packed']}")
+    if "stage_roofline_s" in r:
+        packed = r.get("stage_roofline_s_packed")
+        step = r.get("roofline_step_s_packed")
+        lines.append(f"  whole stage at the roofline ({r['devices']} x {r['device']}): "
+                     f"{format_duration(r['stage_roofline_s'])}"
+                     + ("" if "stage_steps_packed" not in r else " padded, " + (
+                         "packed: not estimated" if packed is None else f"{format_duration(packed)} packed")
+                        + (f" (packed step {step * 1e3:.0f} ms, {r['roofline_bound_packed']}-bound, peak "
+                           f"{g(r['peak_bytes_packed'])})" if step is not None and "peak_bytes_packed" in r else "")))
+    if r.get("notes_packed_step"):
+        lines.append(f"  note: {r['notes_packed_step']}")
     if r.get("vocab_values"):
         lines.append("  largest vocabulary-sized values: " + "; ".join(
             f"{v['dtype']}{v['shape']} {g(v['bytes'])} ({v['hlo_op']})" for v in r["vocab_values"]))
@@ -320,10 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--search", action="store_true", help="try remat / grad_accum / mesh shapes; print the best")
     ap.add_argument("--json", action="store_true", help="JSON output")
     ap.add_argument("--refresh-lengths", action="store_true",
-                    help="align / sft: measure the data's sequence lengths again instead of reading them from the "
-                         "cache (dlr_jax/plan/lengths.py)")
+                    help="textsft / align / sft: measure the data's sequence lengths again instead of reading them "
+                         "from the cache (dlr_jax/plan/lengths.py)")
     ap.add_argument("--no-lengths", action="store_true",
-                    help="align / sft: do not read the data for its lengths (no packed totals)")
+                    help="textsft / align / sft: do not read the data for its lengths (no packed totals)")
     a = ap.parse_args(argv)
     try:
         shape = parse_mesh_spec(a.mesh)
@@ -347,10 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def measured_lengths(cfg: Config, stage: str, *, refresh: bool = False,
                      skip: bool = False) -> tuple[Lengths | None, str | None]:
-    """(align / sft: the stage's measured sequence lengths, cached; else None, why packed totals are left out)."""
+    """(textsft / align / sft: the stage's measured sequence lengths, cached; else None, why packed totals are left
+    out)."""
     from dlr_jax.plan.lengths import stage_lengths
 
-    if skip or stage not in ("align", "sft"):
+    if skip or stage not in PACKED_STAGES:
         return None, None
     try:
         return stage_lengths(cfg, stage, refresh=refresh), None

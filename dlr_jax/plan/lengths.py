@@ -5,7 +5,8 @@ A stage's rows are `data.max_len` tokens whether they hold one example (padded) 
 `data.packing`), so a step costs the same either way (but for sft's dual branch, whose packed row computes one OCR
 row per segment slot: `plan.totals.packed_ocr_step`) and the totals differ in how many steps an epoch takes. That
 needs the lengths of the stage's sequences (`data.items.build_sequence`): the configured training split (a
-seeded sample of at most `SAMPLE` examples; the paper's GSM8K-Aug train split is 385,620), tokenised as the run
+seeded sample of at most `SAMPLE` examples; the paper's GSM8K-Aug train split is 385,620; where its file is missing,
+the stand-in the readers read in its place, named in the notes: `data.readers.STAND_INS`), tokenised as the run
 would (`tokenizer.path` / `init_from`'s tokenizer; else the workdir's; else a BPE trained as the run trains one),
 with the run's latent counts per example (latent.source=random / step_results: as the stage draws them; codebook:
 the workdir's exported ids, else each CoT's canvas at the codebook's mean font size, N = (side / 64)^2, which is
@@ -34,7 +35,7 @@ from dlr_jax.config import Config, to_dict
 from dlr_jax.data.items import STAGES  # the stages whose rows are tokens
 
 SAMPLE = 20_000
-VERSION = 1
+VERSION = 3  # 2: a pretrained tokenizer's note names its file's digest; 3: a stand-in split is named
 
 
 def cache_dir() -> Path:
@@ -122,12 +123,18 @@ def cache_key(cfg: Config, stage: str, sample: int) -> str:
     return hashlib.sha256(blob).hexdigest()[:24]
 
 
+def file_digest(path: Path) -> str:
+    """"<name> sha256 <first 16 hex digits>": which file it was, whatever folder it was read from."""
+    return f"{path.name} sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
+
+
 def _tokenizer(cfg: Config, kind: str, examples: list) -> tuple[Any, str]:
     from dlr_jax.stages import common
-    from dlr_jax.text.tokens import Tokenizer
+    from dlr_jax.text.tokens import TOKENIZER_FILE, Tokenizer
 
     if kind == "pretrained":
-        return common.pretrained_tokenizer(cfg), f"tokenizer of {cfg.tokenizer.path or cfg.init_from}"
+        d = cfg.tokenizer.path or cfg.init_from
+        return common.pretrained_tokenizer(cfg), f"tokenizer of {d} ({file_digest(Path(d) / TOKENIZER_FILE)})"
     if kind == "workdir":
         return Tokenizer.load(_workdir_file(cfg, "tokenizer")), f"the tokenizer of {cfg.run.workdir}"
     with tempfile.TemporaryDirectory() as tmp:  # the BPE a from-scratch run trains on its training split
@@ -166,6 +173,7 @@ def _latent_counts(cfg: Config, examples: list) -> tuple[list[int], str]:
 def measure(cfg: Config, stage: str, sample: int = SAMPLE) -> tuple[list[int], int, list[str]]:
     """(lengths of a seeded sample of the stage's sequences, examples in the split, notes); reads the data."""
     from dlr_jax.data.items import Item, build_sequence
+    from dlr_jax.data.readers import stand_in_read
     from dlr_jax.data.sources import load_examples
 
     if stage not in STAGES:
@@ -182,8 +190,12 @@ def measure(cfg: Config, stage: str, sample: int = SAMPLE) -> tuple[list[int], i
     lengths = [max(len(build_sequence(stage, tok, Item(ex, (0,) * n, (n,), k))) for k in variants)
                for ex, n in zip(examples, counts, strict=True)]
     what = f"a sample of {len(examples):,}" if population > len(examples) else "all"
-    notes = [f"{stage} sequences of the {population:,} examples read from {cfg.data.dataset}:{cfg.data.train_split} "
-             f"({what}), {tok_note}"]
+    read = f"{cfg.data.dataset}:{cfg.data.train_split}"
+    stand_in = stand_in_read(cfg.data.dataset, cfg.data.train_split, examples)
+    if stand_in is not None:  # the full split's file is missing: its rows are the stand-in's, scaled to its size
+        read = (f"{cfg.data.dataset}:{stand_in}, standing in for {cfg.data.train_split} (whose file is not here: "
+                "data.readers.STAND_INS)")
+    notes = [f"{stage} sequences of the {population:,} examples read from {read} ({what}), {tok_note}"]
     return lengths, population, notes + ([lat_note] if lat_note else [])
 
 

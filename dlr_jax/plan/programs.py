@@ -21,7 +21,7 @@ from dlr_jax.core.sharding import logical_to_spec, state_shardings
 from dlr_jax.stages.common import backbone_architecture, pretrained_tokenizer
 from dlr_jax.text.tokens import TOKENIZER_FILE
 
-STAGES = ("align", "sft", "rl", "rollout", "codebook")
+STAGES = ("textsft", "align", "sft", "rl", "rollout", "codebook")
 BOUNDARY_TOKENS = 5  # <pad> and the four boundary tokens a tokenizer may add past the checkpoint's rows
 
 
@@ -107,9 +107,11 @@ def _batch_sds(mesh: Mesh, rules: str, accum: int, micro: int, fields: dict[str,
 
 
 def train_program(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None = None) -> Program:
-    """The Trainer's step for align / sft / rl (`trainer.build_step_fn`), abstractly. `ocr_slots`: sft's dual
-    branch on packed rows, S OCR rows a token row (`data.ocr_rows.ocr_slots`): its OCR fields [b, S, ...] and
-    `ocr_segment_ids` [b, S] as the packed pipeline feeds them; None: one OCR row a token row ([b, ...], padded)."""
+    """The Trainer's step for textsft / align / sft / rl (`trainer.build_step_fn`), abstractly: textsft is the
+    CoT-SFT baseline's step (`stages.textsft`: the backbone alone, text rows only, every parameter trained, its
+    `train.textsft` settings). `ocr_slots`: sft's dual branch on packed rows, S OCR rows a token row
+    (`data.ocr_rows.ocr_slots`): its OCR fields [b, S, ...] and `ocr_segment_ids` [b, S] as the packed pipeline
+    feeds them; None: one OCR row a token row ([b, ...], padded)."""
     from dlr_jax.models.latent_lm import filter_for_stage
     from dlr_jax.stages.common import lm_loss
     from dlr_jax.training.optimizer import make_optimizer, opt_state_shardings
@@ -142,6 +144,9 @@ def train_program(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None 
         loss = functools.partial(lm_loss, vocab_mask=vocab_mask, reduction=tcfg.loss_reduction)
         fields = {k: ((seq,), jnp.int32) for k in ("tokens", "loss_mask", "segment_ids", "positions")}
     trainable = filter_for_stage(stage, lat)
+    if stage == "textsft":  # the baseline trains a plain backbone: no latent rows, no projectors, no codebook
+        model, trainable, vocab_mask = model.backbone, nnx.Param, vocab_mask[: lat.latent_offset]
+        notes.append("CoT-SFT baseline: the backbone alone, its text rows")
     if stage == "sft" and plans_dual_branch(cfg):
         model, loss, trainable, extra = _dual_branch(cfg, model, trainable, vocab_mask)
         fields |= _ocr_slot_fields(extra, ocr_slots)
@@ -302,7 +307,7 @@ def rollout_program(cfg: Config, mesh: Mesh) -> Program:
 def build_program(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None = None) -> Program:
     """The stage's program on `mesh`; `ocr_slots`: sft's dual branch on packed rows (`train_program`), ignored by
     the other stages and by sft without the branch."""
-    if stage in ("align", "sft", "rl"):
+    if stage in ("textsft", "align", "sft", "rl"):
         return train_program(cfg, stage, mesh, ocr_slots=ocr_slots)
     if stage == "rollout":
         return rollout_program(cfg, mesh)

@@ -1,11 +1,13 @@
 """A stage's total compute for the recipe's data size, next to the paper's (`stage_total_flops`): in padded rows, and
-for align and sft in packed rows from the data's measured lengths (`packed_totals`; sft's dual branch counts its
-packed step, S OCR rows a row, apart: `packed_ocr_step`). FLOPs are counted on a step's jaxpr (`program_flops`),
+for the stages whose rows are tokens (textsft, align, sft: `PACKED_STAGES`) in packed rows from the data's measured
+lengths (`packed_totals`; sft's dual branch counts its packed step, S OCR rows a row, apart: `packed_ocr_step`), and
+the time each takes at the plan's roofline (`stage_times`). FLOPs are counted on a step's jaxpr (`program_flops`),
 every loop body times its trips."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -13,6 +15,7 @@ from jax.sharding import Mesh
 
 from dlr_jax.config import Config
 from dlr_jax.core.sharding import MESH_AXES, use_mesh
+from dlr_jax.data.items import STAGES as PACKED_STAGES  # the stages whose rows are tokens: packed or padded
 from dlr_jax.plan.flops import FlopCount, count_jaxpr
 from dlr_jax.plan.lengths import Lengths
 from dlr_jax.plan.programs import Program, build_program
@@ -55,7 +58,7 @@ def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Prog
     n_rl = rl_count(n_train, cfg.data.rl_split)
     if stage == "align" and cfg.data.align_part == "all":  # the paper aligns on the whole split
         tcfg, n = cfg.train.align, n_train
-    elif stage in ("align", "sft"):
+    elif stage in PACKED_STAGES:
         tcfg, n = getattr(cfg.train, stage), n_train - n_rl
     elif stage in ("rl", "rollout"):
         tcfg, n = cfg.train.rl, n_rl or n_train
@@ -74,7 +77,7 @@ def stage_total_flops(cfg: Config, stage: str, flops_per_step: float, prog: Prog
         out["paper_total_flops"] = PAPER_TOTAL_FLOPS[paper_key]
         if stage == "rollout":
             out["notes_total"] = "rollout only; the paper's RL figure covers rollouts + updates + scoring"
-    if lengths is not None and stage in ("align", "sft"):
+    if lengths is not None and stage in PACKED_STAGES:
         out |= packed_totals(cfg, stage, tcfg, n, steps, flops_per_step, lengths, mesh)
     return out
 
@@ -127,6 +130,21 @@ def step_flops(cfg: Config, stage: str, mesh: Mesh, *, ocr_slots: int | None = N
         prog = build_program(cfg, stage, mesh, ocr_slots=ocr_slots)
     with use_mesh(prog.mesh or mesh):
         return program_flops(prog).total
+
+
+def stage_times(plan: Mapping[str, Any]) -> dict[str, float]:
+    """The stage's time at the plan's roofline: its steps times the roofline step time, padded
+    (`stage_roofline_s`) and packed (`stage_roofline_s_packed`). A packed step is the padded step's program but for
+    sft's dual branch (`flops_per_step_packed` in the plan), whose own step time is `roofline_step_s_packed` (its
+    compile); without that, or without a roofline (the CPU fallback), the time is left out, not guessed."""
+    out: dict[str, float] = {}
+    step = plan.get("roofline_step_s")
+    if step is not None and "stage_steps" in plan:
+        out["stage_roofline_s"] = plan["stage_steps"] * step
+    packed = plan.get("roofline_step_s_packed") if "flops_per_step_packed" in plan else step
+    if packed is not None and "stage_steps_packed" in plan:
+        out["stage_roofline_s_packed"] = plan["stage_steps_packed"] * packed
+    return out
 
 
 def program_flops(prog: Program) -> FlopCount:

@@ -1,9 +1,9 @@
 """The plan table: one row per plan, the rollout's decoding layout beside the training mesh, failed
-compiles kept as rows."""
+compiles kept as rows; the stages with packed totals in a second table, padded and packed side by side."""
 
 from __future__ import annotations
 
-from dlr_jax.bench.plan_report import GiB, table
+from dlr_jax.bench.plan_report import GiB, packed_table, table
 
 ROW = {"config": "llama3.1-8b", "stage": "rollout", "device": "h100", "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
        "run_mesh": {"data": 1, "fsdp": 1, "tensor": 8}, "remat": "full", "peak_bytes": 3.4 * GiB,
@@ -32,3 +32,26 @@ def test_rows_of_another_run_name_their_own_command():
     assert "Command: `cmd` (here); rows of qwen3-4b-ocr2: `cmd2 --set x=1` (there); rows of qwen3-4b-ocr2: " \
            "`cmd3` (tpu venv). Memory" in text
     assert table([ocr2], command="cmd", machine="here").count("`cmd2 --set x=1` (there). Memory") == 1
+
+
+PACKED = {k: v for k, v in ROW.items() if k != "run_mesh"} | {
+          "config": "qwen3-4b", "stage": "sft", "device": "h100", "flops_per_step": 4.84e14, "stage_steps": 14_063,
+          "stage_total_flops": 6.807e18, "paper_total_flops": 3.25e17, "stage_steps_packed": 3_516,
+          "flops_per_step_packed": 5.0e14, "ocr_slots": 8, "stage_total_flops_packed": 1.758e18,
+          "examples_per_row": 4.0, "length_mean": 59.6, "length_p95": 87.0, "length_max": 145,
+          "stage_roofline_s": 14_063 * 0.43, "stage_roofline_s_packed": 3_516 * 0.5,
+          "lengths_notes": ["sft sequences of 3,000 examples", "latent counts estimated"]}
+
+
+def test_packed_totals_sit_beside_the_padded_ones():
+    align = {k: v for k, v in PACKED.items() if k not in ("flops_per_step_packed", "ocr_slots", "paper_total_flops",
+                                                        "stage_roofline_s_packed")} | {"stage": "align"}
+    text = table([ROW, PACKED, align], command="cmd", machine="here")
+    assert packed_table([ROW]) == ""  # no plan with packed totals: no second table
+    assert "### Padded vs packed rows" in text
+    rows = [line for line in text.split("### Padded vs packed")[1].splitlines() if line.startswith("| qwen3-4b |")]
+    assert rows[0] == ("| qwen3-4b | sft | h100 | 60 / 87 / 145 | 4.00 | 14,063 / 3,516 | 4.84e+14 / 5e+14 (8 OCR rows "
+                       "a row) | 6,807 P (325 P) | 1,758 P | 0.26 | 101 min | 29 min |")
+    # a packed step as the padded one; a time that is not known stays a dash
+    assert "| 4.84e+14 / 4.84e+14 |" in rows[1] and rows[1].endswith("| 101 min | — |")
+    assert "Lengths of qwen3-4b sft, qwen3-4b align: sft sequences of 3,000 examples; latent counts estimated." in text

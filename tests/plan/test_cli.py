@@ -50,12 +50,59 @@ def test_sft_plan_flops_match_6N_plus_attention(layers):
     assert any(vocab in v["shape"] for v in r["vocab_values"])
 
 
-@pytest.mark.parametrize("stage", ["rl", "rollout", "codebook", "align"])
+@pytest.mark.parametrize("stage", ["rl", "rollout", "codebook", "align", "textsft"])
 def test_every_stage_plans_on_the_cpu_fallback(stage, cfg):
     r = plan.plan_once(cfg, stage, TARGETS["cpu"], MESH)
     assert r["flops_per_step"] > 0 and r["peak_bytes"] > 0 and r["devices"] == 8
     if stage == "rollout":  # the decode loop's body counts once per generated token after the first
         assert r["loops_counted_once"] == 0 and r["flops_per_device"] > 10 * r["xla_flops_loop_bodies_once"]
+
+
+def test_textsft_plans_the_baseline_s_backbone_alone(cfg):
+    """The CoT-SFT baseline's step: the backbone with its text rows only (no latent rows, projectors or codebook),
+    every parameter trained; a row costs less than sft's, whose head also has the latent rows."""
+    from dlr_jax.plan.programs import build_program, latent_lm_abstract
+    from dlr_jax.plan.targets import target_mesh
+
+    mesh = target_mesh(TARGETS["cpu"], MESH)
+
+    def trained(stage):  # path -> shape of the parameters the step trains
+        leaves = jax.tree_util.tree_leaves_with_path(build_program(cfg, stage, mesh).args[0])
+        return {jax.tree_util.keystr(p): tuple(x.shape) for p, x in leaves}
+
+    textsft, sft = trained("textsft"), trained("sft")
+    assert textsft == {k.removeprefix("['backbone']"): v for k, v in sft.items() if k.startswith("['backbone']")}
+    assert textsft["['embed'].value"][0] == latent_lm_abstract(cfg)[1].latent_offset  # the text rows only
+    r = plan.plan_once(cfg, "textsft", TARGETS["cpu"], MESH)
+    per_row = r["flops_per_step"] / cfg.train.textsft.batch_size  # its own batch size (tiny.yaml's)
+    assert 0 < per_row < totals.step_flops(cfg, "sft", mesh) / cfg.train.sft.batch_size
+    assert any("CoT-SFT baseline" in n for n in r["notes"])
+
+
+def test_a_packed_dual_branch_step_is_compiled_for_its_own_roofline():
+    """With a roofline, sft's dual branch on packed rows (S OCR rows a row) is compiled apart: its own step time and
+    peak, and the stage's packed time is its packed steps at that step time, not the padded step's."""
+    from dlr_jax.plan.lengths import Lengths
+    from dlr_jax.plan.targets import Target
+
+    small = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+             "model.num_kv_heads=1", "model.head_dim=16", "latent.num_latents=64", "latent.latent_dim=16",
+             "codebook.dec_layers=1", "data.max_len=64", "train.sft.batch_size=4", "data.synthetic_train=300",
+             "train.sft.num_epochs=2", "latent.dual_branch=on", "latent.source=codebook"]
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", small)
+    lengths = Lengths("sft", tuple([20] * 100 + [40] * 200), 300, ("by hand",), "-", False)
+    roof = Target("cpu-roofline", "cpu", float("inf"), 1e12, 1e11)  # this host's compiler, a made-up roofline
+    r = plan.plan_once(cfg, "sft", roof, {"data": 1, "fsdp": 1, "tensor": 1}, lengths)
+    assert r["ocr_slots"] == 3 and r["flops_per_step_packed"] > r["flops_per_step"]
+    assert r["peak_bytes_packed"] > 0 and r["roofline_step_s_packed"] > r["roofline_step_s"] > 0
+    assert r["stage_roofline_s"] == r["stage_steps"] * r["roofline_step_s"]
+    assert r["stage_roofline_s_packed"] == r["stage_steps_packed"] * r["roofline_step_s_packed"]
+    text = plan.format_plan(r)
+    assert "whole stage at the roofline (1 x cpu-roofline):" in text and "packed step" in text
+
+
+def test_durations_read_as_a_run_s_length():
+    assert [plan.format_duration(s) for s in (42, 600, 9000, 4e6)] == ["42 s", "10 min", "2.5 h", "1,111 h"]
 
 
 def test_sft_with_the_dual_branch_costs_more(cfg):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import types
+import warnings
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,23 @@ def test_a_step_codebook_estimates_a_canvas_a_step(tmp_path):
     for a, b, ex in zip(step.lengths, chain.lengths, load_examples(cfg, "train"), strict=True):
         assert a - b == sum(n(s) for s in split_steps(ex.cot)) - n(ex.cot)
     assert step.lengths != chain.lengths
+
+
+def test_a_stand_in_split_is_named_in_the_notes():
+    """GSM8K-Aug's full train file is not in the shared data: the readers read the 3,000-line subset in its place,
+    and the lengths say so (the totals scale its rows to the full split's count)."""
+    from dlr_jax.data.readers import benchmark_file
+
+    if not benchmark_file("gsm8k_aug", "train_subset_3000").exists():
+        pytest.skip("no GSM8K-Aug subset in the shared data")
+    cfg = load_config(TINY, ["data.dataset=gsm8k_aug", "data.rl_split=0"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the readers' warning that the subset stands in
+        if benchmark_file("gsm8k_aug", "train").name != "train_subset_3000.txt":
+            pytest.skip("the full GSM8K-Aug train set is here: nothing stands in")
+        lengths = L.stage_lengths(cfg, "textsft", sample=100)
+    assert "read from gsm8k_aug:train_subset_3000, standing in for train" in lengths.notes[0]
+    assert lengths.population == 3000 and len(lengths.lengths) == 100
 
 
 def test_stage_totals_padded_and_packed_side_by_side():
