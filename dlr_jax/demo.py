@@ -126,8 +126,10 @@ def pipeline_demo(workdir: Path, config: str, overrides: list[str], *, rl: bool 
         curve = reward_curve(stage_dir(workdir, "rl") / "metrics.jsonl")
         if curve:
             where = cfg.rl.eval_split or cfg.data.eval_split
-            print(f"RL reward on {cfg.rl.eval_prompts} fixed {where!r} prompts x {cfg.rl.eval_samples} samples "
-                  f"(T={cfg.rl.temperature}): " + ", ".join(f"step {s} {r:.3f}" for s, r, _ in curve), flush=True)
+            t = cfg.rl.temperature if cfg.rl.eval_temperature is None else cfg.rl.eval_temperature
+            how = "greedy" if t == 0 else f"{cfg.rl.eval_samples} samples each at T={t}"
+            print(f"RL held-out reward and accuracy on {cfg.rl.eval_prompts} fixed {where!r} prompts ({how}): "
+                  + ", ".join(f"step {s} {r:.3f} / {100 * a:.1f}%" for s, r, a in curve), flush=True)
     rows = []
     budgets = training_budgets(cfg)
     for label, stage in methods:
