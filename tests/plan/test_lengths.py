@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import types
-import warnings
 from pathlib import Path
 
 import pytest
@@ -96,21 +95,17 @@ def test_a_step_codebook_estimates_a_canvas_a_step(tmp_path):
     assert step.lengths != chain.lengths
 
 
-def test_a_stand_in_split_is_named_in_the_notes():
-    """GSM8K-Aug's full train file is not in the shared data: the readers read the 3,000-line subset in its place,
-    and the lengths say so (the totals scale its rows to the full split's count)."""
-    from dlr_jax.data.readers import benchmark_file
-
-    if not benchmark_file("gsm8k_aug", "train_subset_3000").exists():
-        pytest.skip("no GSM8K-Aug subset in the shared data")
-    cfg = load_config(TINY, ["data.dataset=gsm8k_aug", "data.rl_split=0"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the readers' warning that the subset stands in
-        if benchmark_file("gsm8k_aug", "train").name != "train_subset_3000.txt":
-            pytest.skip("the full GSM8K-Aug train set is here: nothing stands in")
+def test_a_stand_in_split_is_named_in_the_notes(tmp_path):
+    """Without GSM8K-Aug's full train file the readers read the 3,000-line subset in its place, and the lengths say
+    so (the totals scale its rows to the full split's count). A data folder holding only the subset: the shared data's
+    own state does not matter."""
+    lines = [f"What is {a} plus {a + 1}?||<<{a}+{a + 1}={2 * a + 1}>> #### {2 * a + 1}" for a in range(150)]
+    (tmp_path / "train_subset_3000.txt").write_text("\n".join(lines) + "\n")
+    cfg = load_config(TINY, ["data.dataset=gsm8k_aug", "data.rl_split=0", f"data.path={tmp_path}"])
+    with pytest.warns(UserWarning, match="using the 3,000-line subset"):
         lengths = L.stage_lengths(cfg, "textsft", sample=100)
     assert "read from gsm8k_aug:train_subset_3000, standing in for train" in lengths.notes[0]
-    assert lengths.population == 3000 and len(lengths.lengths) == 100
+    assert lengths.population == 150 and len(lengths.lengths) == 100
 
 
 def test_stage_totals_padded_and_packed_side_by_side():

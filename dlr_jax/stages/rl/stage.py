@@ -294,11 +294,12 @@ def run(
     grpo_step = GRPOStep(cfg, tok, trainer, sampler, copy, prompt_len=prompt_len, vocab_mask=vocab_mask,
                          ref_state=ref_state, weights=weights, extras=extras)
 
+    eval_temperature = {} if rl.eval_temperature is None else {"temperature": rl.eval_temperature}
+
     def held_out_score(rows: list[list[int]], group: list[Any], chunk: int):
         # the same key at every evaluation: common random numbers across the curve
-        temperature = {} if rl.eval_temperature is None else {"temperature": rl.eval_temperature}
         out = grpo_step.generate(rows, rng=jax.random.fold_in(jax.random.key(cfg.run.seed + 1_000_003), chunk),
-                                 **temperature)
+                                 **eval_temperature)
         parsed, reward, parts = grpo_step.rewards(out, group)
         return reward, parts, [extract_answer(p.text) for p in parsed]  # the answers vote for maj@k
 
