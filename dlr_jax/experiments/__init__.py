@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from dlr_jax.config import ConfigError, load_config
-    from dlr_jax.experiments import report, runner
+    from dlr_jax.experiments import report, runner, tables
 
     if args.seeds is not None and args.seed_ids is not None:
         print("error: give --seeds N (seeds 0..N-1) or --seed-ids, not both", file=sys.stderr)
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = report.build(exp, root=root, seeds=seeds, command=command, config=args.config,
                            overrides=args.overrides, steps_done=sum(s.is_done() for s in steps),
                            steps_total=len(steps), merge=merge, recipe=recipe)
-        report.write(res, out_dir)
+        tables.write(res, out_dir)
         made = plots.write_plots(res, out_dir)
         print(f"[experiments] wrote {out_dir / 'results.json'}, {out_dir / 'table.md'}"
               + "".join(f", {p.name}" for p in made), flush=True)

@@ -16,7 +16,7 @@ import pytest
 
 from dlr_jax.config import dump_config, load_config
 from dlr_jax.experiments import main as cli_main
-from dlr_jax.experiments import plots, report, runner
+from dlr_jax.experiments import plots, report, runner, tables
 from dlr_jax.experiments.baselines import (
     DIRECT_FROM_COT,
     MATCHED_COT,
@@ -187,7 +187,7 @@ def test_report_measures_a_backbone_lever_against_its_own_baselines(tmp_path):
         paired_t_test(acc[f"DLR-SFT, {wide}"], acc["DLR-SFT"])[1])
     cost = {c["vs"]: c for c in res["cost"]["synthetic"]}  # latent rows only, each against its own CoT-SFT
     assert set(cost) == {"DLR-SFT", f"DLR-SFT, {wide}"}
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert f"DLR-SFT, {wide} 50 ± 0 % (of its own baselines' gap, Direct-SFT, {wide} → CoT-SFT, {wide})" in md
 
 
@@ -311,7 +311,7 @@ def test_no_share_of_a_gap_too_small_to_measure(tmp_path):
     res = report.build(main, root=tmp_path, seeds=[0, 1], command="cmd", config=TINY, overrides=[], steps_done=1,
                        steps_total=1)
     assert res["gap_closed"]["synthetic"]["DLR-SFT"] == {"too_small": True, "gap": pytest.approx(0.006)}
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "Share of the Direct-SFT → CoT-SFT gap not reported for DLR-SFT, DLR-Full: the gap is 0.6 points" in md
     assert "gap closed" not in md
 
@@ -439,9 +439,9 @@ def test_report_table_gap_cost_and_plots(tmp_path):
     assert full_cost["warm_wall_s_per_question_ratio"] == pytest.approx(5)
     assert [e[:2] for e in res["reward_curves"]["main"]["0"]["eval"]] == [[0, 0.2], [2, 0.25]]
     assert res["reward_curves"]["main"]["0"]["train"] == [[1, 0.1], [2, 0.3]]
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "| DLR-SFT | 3 | 20.0 ± 1.6 | 20.0, 22.0, 18.0 |" in md and "closed" in md and "#L 10.0×" in md
-    report.write(res, tmp_path / "out")
+    tables.write(res, tmp_path / "out")
     assert json.loads((tmp_path / "out/results.json").read_text())["experiment"] == "main"
     made = plots.write_plots(res, tmp_path / "out")
     assert [p.name for p in made] == ["rl_reward.png"]  # main has no sweep
@@ -450,7 +450,7 @@ def test_report_table_gap_cost_and_plots(tmp_path):
     made = plots.write_plots(ab, tmp_path / "ab")
     assert sorted(p.name for p in made) == ["forced_stop.png", "k_sweep.png", "rl_reward.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in made)
-    assert "w/o process reward" in report.markdown(ab)
+    assert "w/o process reward" in tables.markdown(ab)
 
 
 def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
@@ -476,7 +476,7 @@ def test_report_closes_the_gap_between_the_matched_baselines_too(tmp_path):
     assert res["gap_closed"]["synthetic"]["DLR-SFT"]["per_seed"] == pytest.approx(
         [(0.36 - 0.08) / 0.42, (0.40 - 0.10) / 0.36])
     assert {c["vs"] for c in res["cost"]["synthetic"]} == {"DLR-SFT", "DLR-Full"}  # baselines are not latent rows
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert f"| {MATCHED_COT} | 2 | 92.0 ± 2.0 |" in md and "| 1300 CoT-SFT |" in md
     assert "gap between the budget-matched baselines closed" in md and "DLR-SFT 11 ± 1 %" in md
     assert "(DLR-Full adds its GRPO steps to DLR-SFT's budget)" in md
@@ -526,7 +526,7 @@ def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(
     kw = dict(command="cmd", config=TINY, overrides=["latent.source=codebook"], steps_done=10, steps_total=10,
               recipe=recipe)
     ref = report.build(main, root=one, seeds=[0, 1, 2], **kw)
-    report.write(report.build(main, root=a, seeds=[0], **kw), a / "main")
+    tables.write(report.build(main, root=a, seeds=[0], **kw), a / "main")
     load = dict(config=TINY, overrides=["latent.source=codebook"], recipe=recipe)
     other = report.load_merge(a / "main/results.json", main, **load)
     res = report.build(main, root=b, seeds=[1, 2], merge=[(a / "main/results.json", other)], **kw)
@@ -540,7 +540,7 @@ def test_seeds_run_on_two_machines_merge_into_the_table_one_machine_would_write(
         assert res["gap_closed"]["synthetic"][label]["per_seed"] == pytest.approx(
             ref["gap_closed"]["synthetic"][label]["per_seed"])
     assert res["training_steps"] == ref["training_steps"] and res["reward_curves"] == ref["reward_curves"]
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "| DLR-SFT | 3 | 20.0 ± 1.6 |" in md and "| Direct-SFT | 3 |" in md and "| differ by seed |" in md
     head = md.split("\n\n")[1].split("\n")  # the header paragraph: every line but the last ends in a hard break
     assert "steps done 10 of 10 on this machine" in head[2] and all(x.endswith("  ") for x in head[:-1])
@@ -603,7 +603,7 @@ def test_report_gives_each_method_its_training_steps_and_flags_unequal_budgets(t
     assert report.training_steps(tmp_path, 0, direct) == {"textsft_direct": 300}
     res = report.build(main, root=tmp_path, seeds=[0, 1], command="cmd", config=TINY, overrides=[], steps_done=20,
                        steps_total=20)
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "| 800 CoT-SFT + 100 align + 400 SFT + 40 GRPO |" in md and "| 300 Direct-SFT |" in md
     assert "Direct-SFT trained 300 steps, DLR-SFT's model 1300 in all" in md
     assert "--set train.textsft_direct.num_steps=1300" in md
@@ -611,7 +611,7 @@ def test_report_gives_each_method_its_training_steps_and_flags_unequal_budgets(t
     # from the checkpoint, not from CoT-SFT
     for s in range(2):
         _trained(tmp_path / f"seed{s}/main", "textsft_direct", 1300)
-    assert "budgets differ" not in report.markdown(report.build(main, root=tmp_path, seeds=[0, 1], command="cmd",
+    assert "budgets differ" not in tables.markdown(report.build(main, root=tmp_path, seeds=[0, 1], command="cmd",
                                                                 config=TINY, overrides=[], steps_done=20,
                                                                 steps_total=20))
     _trained(tmp_path / "seed1/main", "rl", 20, finished=False)

@@ -14,7 +14,7 @@ import pytest
 
 from dlr_jax.config import load_config
 from dlr_jax.experiments import main as cli_main
-from dlr_jax.experiments import paper_numbers, plots, report
+from dlr_jax.experiments import paper_numbers, plots, report, tables
 from dlr_jax.experiments.encoders import ENCODER_FROM_PLACEHOLDER
 from dlr_jax.experiments.plan import STAGE_ROWS, experiment
 from dlr_jax.experiments.rendering import half_font_overrides
@@ -88,7 +88,7 @@ def test_tables_in_the_papers_layout_with_its_column(tmp_path, monkeypatch):
     full = lay["rows"][-1]
     assert full["label"] == "DLR-Full" and full["avg"]["pass_at_1"]["per_seed"] == pytest.approx([0.515, 0.545])
     assert full["avg"]["L"]["mean"] == pytest.approx(7.5)
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "| method | GSM8K Acc. | GSM8K #L | GSM-Hard Acc. |" in md and "Avg. Acc. | Avg. #L |" in md
     assert "| −Align | 11.0 ± 1.0 | 6.00 ± 0.00 |" in md and "none on record for backbone `qwen3vl-4b`" in md
     assert md.index("In the paper's layout") < md.index("Benchmark `gsm8k`")
@@ -97,13 +97,13 @@ def test_tables_in_the_papers_layout_with_its_column(tmp_path, monkeypatch):
     monkeypatch.setitem(paper_numbers.PAPER_NUMBERS, "stages", {"qwen3vl-4b": {"DLR-Full": cells}})
     res = report.build(exp, root=tmp_path, seeds=[0, 1], command="cmd", config=VL, overrides=[], steps_done=1,
                        steps_total=1)
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "| 40 / 6 | 41 / 6 | 42 / 6 | 43 / 6 | 41.5 / 6 |" in md and "the paper's cells for backbone" in md
     assert "main" not in {r["label"] for r in res["paper_layout"]["rows"]}
     # other experiments keep their own tables only
     main = report.build(experiment("main", cfg), root=tmp_path, seeds=[0], command="c", config=VL, overrides=[],
                         steps_done=0, steps_total=1)
-    assert "paper_layout" not in main and "paper's layout" not in report.markdown(main)
+    assert "paper_layout" not in main and "paper's layout" not in tables.markdown(main)
 
 
 def test_k_sweep_and_decoding_tables_draw_their_plots(tmp_path):
@@ -210,7 +210,7 @@ def test_encoder_table_in_the_papers_layout(tmp_path):
     lay = res["paper_layout"]
     assert [r["label"] for r in lay["rows"]] == ENCODER_ROWS and not lay["paper_on_record"]
     assert lay["rows"][3]["avg"]["L"]["mean"] == pytest.approx(9.0)
-    md = report.markdown(res)
+    md = tables.markdown(res)
     assert "| DeepEncoder V2, half font | 36.5 ± 1.5 | 7.00 ± 0.00 |" in md
     assert "p vs DeepEncoder V2" in md and "Qwen3-VL's vision tower (from /w/vl (--encoder-from))" in md
     assert md.index("In the paper's layout") < md.index("Benchmark `gsm8k`")
