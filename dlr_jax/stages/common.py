@@ -176,17 +176,18 @@ def stage_examples(
     return kept if part == "all" else parts[part]
 
 
-def row_multiple(tcfg: Any, mesh: Mesh, rules: str) -> int:
+def row_multiple(tcfg: Any, mesh: Mesh, rules: str, processes: int | None = None) -> int:
     """What a process's rows a step must be a multiple of when the data chooses them (`data.pack_batch=examples`):
     grad_accum micro-batches of equal size, and a global micro-batch that divides over the mesh's data-parallel
-    devices (the axes `batch` maps to; one that does not is replicated on every device, not split)."""
+    devices (the axes `batch` maps to; one that does not is replicated on every device, not split). processes:
+    default jax.process_count() (a planner passes its target's)."""
     import math
 
     from dlr_jax.core.sharding import logical_to_spec
 
     axes = logical_to_spec(("batch",), None, mesh, rules)[0]
     axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
-    dp, nproc = math.prod(mesh.shape[a] for a in axes), jax.process_count()
+    dp, nproc = math.prod(mesh.shape[a] for a in axes), processes or jax.process_count()
     return tcfg.grad_accum * math.lcm(nproc, dp) // nproc
 
 
