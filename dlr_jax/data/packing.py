@@ -86,3 +86,21 @@ def pack_stats(lengths: Sequence[int] | np.ndarray, max_len: int, num_bins: int,
     order = np.random.default_rng(seed).permutation(len(lengths))
     return PackStats(examples=len(lengths), tokens=int(lengths.sum()), max_len=max_len,
                      rows=first_fit_rows(lengths[order], max_len, num_bins))
+
+
+def rows_for_examples(lengths: Sequence[int] | np.ndarray, max_len: int, batch_size: int, seed: int = 0, *,
+                      multiple: int = 1, rounds: int = 4) -> tuple[int, PackStats]:
+    """Rows a packed step takes to hold about `batch_size` examples (`data.pack_batch=examples`), and the epoch's
+    `PackStats` with that many packing bins: R = round(batch_size / examples_per_row) to a multiple of `multiple`
+    (at least one multiple). examples_per_row depends on the bins (R of them), so R is iterated to a fixed point
+    (it settles in one or two rounds; `rounds` bounds a cycle, which then keeps the last R)."""
+    if batch_size < 1 or multiple < 1:
+        raise ValueError(f"need batch_size >= 1 and multiple >= 1, got {batch_size}, {multiple}")
+    rows = max(multiple, batch_size // multiple * multiple)
+    stats = pack_stats(lengths, max_len, rows, seed)
+    for _ in range(rounds):
+        want = max(1, round(batch_size / max(stats.examples_per_row, 1.0) / multiple)) * multiple
+        if want == rows:
+            break
+        rows, stats = want, pack_stats(lengths, max_len, want, seed)
+    return rows, stats

@@ -75,7 +75,7 @@ from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.curriculum import Curriculum, ocr_step, step_counts
 from dlr_jax.data.items import Item, Latents, build_sequence, fitting_items
 from dlr_jax.data.ocr_rows import OCR_KEYS, as_slot, ocr_fields, ocr_slots, packed_ocr, slot_structs, step_texts
-from dlr_jax.data.packing import PackStats, pack_stats
+from dlr_jax.data.packing import PackStats, pack_stats, rows_for_examples
 from dlr_jax.data.records import Example
 from dlr_jax.text.ocr_text import encode_target
 from dlr_jax.text.tokens import Tokenizer
@@ -83,6 +83,7 @@ from dlr_jax.text.tokens import Tokenizer
 log = logging.getLogger(__name__)
 
 BATCH_KEYS = ("tokens", "loss_mask", "segment_ids", "positions")
+PACK_BATCH = ("rows", "examples")  # data.pack_batch: what a packed step's batch_size counts
 _BATCH_READ_AHEAD = 4  # whole batches tokenised ahead by the reader threads (unpacked)
 _PACK_READ_AHEAD = 64  # sequences tokenised ahead of the packer
 
@@ -167,6 +168,8 @@ def make_stage_dataset(
     curriculum: Curriculum | None = None,
     ocr_unit: str = "chain",
     pad_to: str = "max_len",
+    pack_batch: str = "rows",
+    row_multiple: int = 1,
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
@@ -186,12 +189,20 @@ def make_stage_dataset(
     `codebook.render_unit`; `step` makes each row's OCR target one latent step (see the module docstring).
     pad_to: padded rows' width (`data.pad_to`, `row_width`): "max_len", or "longest" = the longest kept example
     rounded up to ROW_MULTIPLE (at most max_len). Packed rows are always max_len wide.
+    pack_batch (`data.pack_batch`, packed only): "rows" = `batch_size` rows a step; "examples" = `batch_size` is the
+    examples a step should hold on average, in r = `rows_for_examples` rows (a multiple of `row_multiple`, r
+    packing bins; the returned `StageData.global_batch` counts rows, `examples_per_step` about batch_size x
+    shard_count). The process slice still takes `batch_size` examples a process per global batch of the stream.
     curriculum: stage sft's latent curriculum (`data.curriculum`): each element's k is set from its position in the
     global stream; a stagewise one needs the schedule's length before the first batch
     (`StageData.schedule_curriculum`).
     """
     if batch_size < 1 or max_len < 1:
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
+    if pack_batch not in PACK_BATCH:
+        raise ValueError(f"pack_batch must be {'|'.join(PACK_BATCH)}, got {pack_batch!r}")
+    if pack_batch == "examples" and not pack:
+        raise ValueError("pack_batch='examples' counts the examples of packed rows: it needs pack=True")
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
     if not 0 <= shard_index < shard_count:
@@ -238,6 +249,14 @@ def make_stage_dataset(
         ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
         ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
         if pack:
+            if pack_batch == "examples":
+                rows, stats = rows_for_examples(lengths, max_len, batch_size, seed, multiple=row_multiple)
+            else:
+                rows = batch_size
+                # Each process packs its own slice with its own bins; replayed here on the global stream with as
+                # many bins a process has, which counts the rows of every process together closely enough for a
+                # schedule.
+                stats = pack_stats(lengths, max_len, num_packing_bins or batch_size, seed)
             lengths_struct, padding = {"tokens": max_len, "loss_mask": max_len}, {"tokens": tok.pad_id, "loss_mask": 0}
             if ocr is not None:  # one OCR row per segment, placed by the packer (ocr_rows)
                 ds = ds.map(as_slot)
@@ -246,17 +265,15 @@ def make_stage_dataset(
             it = FirstFitPackIterDataset(
                 ds.to_iter_dataset(read_options(num_threads, _PACK_READ_AHEAD)),
                 length_struct=lengths_struct,
-                num_packing_bins=num_packing_bins or batch_size,
+                num_packing_bins=num_packing_bins or rows,
                 seed=seed,
                 meta_features=("loss_mask",),
                 padding_struct=padding,
             )
-            it = it.map(_rename_packed).batch(batch_size, drop_remainder=drop_remainder)
-            # Each process packs its own slice with its own bins; replayed here on the global stream with as many
-            # bins a process has, which counts the rows of every process together closely enough for a schedule.
-            stats = pack_stats(lengths, max_len, num_packing_bins or batch_size, seed)
-            return StageData(lambda start: _prefetch(it, num_workers), batch_size * shard_count, shard_count,
-                             packed=True, examples=len(items), pack=stats, curriculum=cur, rebuild=assemble)
+            it = it.map(_rename_packed).batch(rows, drop_remainder=drop_remainder)
+            return StageData(lambda start: _prefetch(it, num_workers), rows * shard_count, shard_count,
+                             packed=True, examples=len(items), pack=stats, curriculum=cur, rebuild=assemble,
+                             pack_batch=pack_batch, batch_examples=batch_size * shard_count)
         width = row_width(lengths, max_len, pad_to)
         ds = ds.map(functools.partial(_pad, max_len=width, pad_id=tok.pad_id))
         batches = ds.batch(batch_size, drop_remainder=drop_remainder)
@@ -327,12 +344,16 @@ class StageData:
     """What `make_stage_dataset` returns: iterable (a fresh iterator from the start each time)."""
 
     def __init__(self, make: Any, global_batch: int, shard_count: int, *, packed: bool, examples: int,
-                 pack: PackStats | None = None, curriculum: Curriculum | None = None, rebuild: Any = None):
-        """examples: how many examples fit max_len (what an epoch holds). pack: the epoch in rows (`data.packing`;
-        one example a row unpacked). curriculum: the latent curriculum the stream follows; rebuild(curriculum) makes
-        the same data with another (`schedule_curriculum`)."""
+                 pack: PackStats | None = None, curriculum: Curriculum | None = None, rebuild: Any = None,
+                 pack_batch: str = "rows", batch_examples: int | None = None):
+        """global_batch: rows a step (all processes). examples: how many examples fit max_len (what an epoch holds).
+        pack: the epoch in rows (`data.packing`; one example a row unpacked). pack_batch: what the stage's
+        batch_size counted ("examples": global_batch rows were chosen to hold about `batch_examples` examples a
+        step). curriculum: the latent curriculum the stream follows; rebuild(curriculum) makes the same data with
+        another (`schedule_curriculum`)."""
         self._make, self.global_batch, self.shard_count, self.packed = make, global_batch, shard_count, packed
         self.examples, self.pack = examples, pack
+        self.pack_batch, self.batch_examples = pack_batch, global_batch if batch_examples is None else batch_examples
         self.curriculum, self._rebuild = curriculum, rebuild
 
     def schedule_curriculum(self, num_steps: int) -> StageData:

@@ -316,10 +316,12 @@ def format_plan(r: dict[str, Any]) -> str:
     if "stage_steps_packed" in r:
         ocr = (f" of {r['flops_per_step_packed']:.3e} FLOPs ({r['ocr_slots']} OCR rows a row)"
                if "flops_per_step_packed" in r else "")  # sft's dual branch: a packed step costs more
+        rows = (f" of {r['packed_rows_per_step']} rows" if r.get("pack_batch") == "examples" else "")
         lines.append(f"  packed rows: {r['examples_per_row']:.2f} examples a row, {100 * r['packed_efficiency']:.0f}% "
                      f"of tokens real (padded: {100 * r['padded_efficiency']:.0f}%) -> {r['stage_steps_packed']:,} "
-                     f"steps{ocr} = {_flops(r['stage_total_flops_packed'])} "
-                     f"(this config: data.pack={str(r['data_pack']).lower()})")
+                     f"steps{rows}{ocr} = {_flops(r['stage_total_flops_packed'])} "
+                     f"(this config: data.pack={str(r['data_pack']).lower()}"
+                     + (f", data.pack_batch={r['pack_batch']})" if "pack_batch" in r else ")"))
         lines.append(f"  measured lengths: mean {r['length_mean']:.0f}, median {r['length_p50']:.0f}, p95 "
                      f"{r['length_p95']:.0f}, max {r['length_max']} tokens ({r['longer_than_max_len']} of "
                      f"{r['lengths_measured']:,} longer than data.max_len); " + "; ".join(r["lengths_notes"]))

@@ -101,7 +101,7 @@ def _latents_file(cfg: Config) -> Path | None:
 
 def cache_key(cfg: Config, stage: str, sample: int) -> str:
     data = to_dict(cfg.data)
-    for k in ("pack", "num_workers", "max_len"):  # how rows are filled, not what the sequences are
+    for k in ("pack", "pack_batch", "num_workers", "max_len"):  # how rows are filled, not what the sequences are
         data.pop(k, None)
     kind, tok_file = _tokenizer_source(cfg)
     key: dict[str, Any] = {"v": VERSION, "stage": stage, "sample": sample, "seed": cfg.run.seed, "data": data,

@@ -87,14 +87,26 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
     """The stage in packed rows (`data.packing`: grain's first-fit packer replayed on the measured lengths, as many
     bins as the batch has rows): fewer steps an epoch, each of `flops_per_step` (a packed row is as long as a
     padded one), except sft's dual branch, whose packed row computes S OCR rows (`packed_ocr_step`). A recipe
-    counted in num_steps runs as many steps packed, each over more examples."""
-    from dlr_jax.data.packing import pack_stats
+    counted in num_steps runs as many steps packed, each over more examples. Under `data.pack_batch=examples` a packed
+    step is R rows holding about batch_size examples (`data.packing.rows_for_examples`, R a multiple of grad_accum x
+    `mesh`'s data-parallel devices, as the stage picks it): about as many steps as padded, each R / batch_size of the
+    padded step's FLOPs (`packed_row_share`; the FLOPs and the roofline time of a step scale with its rows)."""
+    from dlr_jax.data.packing import pack_stats, rows_for_examples
 
     max_len = cfg.data.max_len
-    stats = pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
-    steps = stats.steps(tcfg.num_epochs, tcfg.batch_size, packed=True, examples=n) if tcfg.num_epochs > 0 \
-        else padded_steps
-    out = {"data_pack": cfg.data.pack, "examples_per_row": stats.examples_per_row,
+    if cfg.data.pack_batch == "examples":
+        multiple = tcfg.grad_accum
+        if mesh is not None:
+            from dlr_jax.stages.common import row_multiple
+
+            multiple = row_multiple(tcfg, mesh, cfg.mesh.rules, processes=1)
+        rows, stats = rows_for_examples(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed, multiple=multiple)
+    else:
+        rows, stats = tcfg.batch_size, pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
+    steps = stats.steps(tcfg.num_epochs, rows, packed=True, examples=n) if tcfg.num_epochs > 0 else padded_steps
+    share = rows / tcfg.batch_size
+    out = {"data_pack": cfg.data.pack, "pack_batch": cfg.data.pack_batch, "packed_rows_per_step": rows,
+           "packed_row_share": share, "examples_per_row": stats.examples_per_row,
            "packed_efficiency": stats.packed_efficiency, "padded_efficiency": stats.padded_efficiency,
            **lengths.summary(max_len)}
     if stage == "sft":
@@ -103,7 +115,7 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
         if plans_dual_branch(cfg):
             out |= packed_ocr_step(cfg, lengths, mesh)
             flops_per_step = out["flops_per_step_packed"]
-    return out | {"stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step}
+    return out | {"stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step * share}
 
 
 def packed_ocr_step(cfg: Config, lengths: Lengths, mesh: Mesh | None = None) -> dict[str, Any]:
@@ -142,8 +154,8 @@ def stage_times(plan: Mapping[str, Any]) -> dict[str, float]:
     if step is not None and "stage_steps" in plan:
         out["stage_roofline_s"] = plan["stage_steps"] * step
     packed = plan.get("roofline_step_s_packed") if "flops_per_step_packed" in plan else step
-    if packed is not None and "stage_steps_packed" in plan:
-        out["stage_roofline_s_packed"] = plan["stage_steps_packed"] * packed
+    if packed is not None and "stage_steps_packed" in plan:  # a packed step of fewer rows (pack_batch=examples)
+        out["stage_roofline_s_packed"] = plan["stage_steps_packed"] * packed * plan.get("packed_row_share", 1.0)
     return out
 
 

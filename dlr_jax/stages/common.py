@@ -176,12 +176,38 @@ def stage_examples(
     return kept if part == "all" else parts[part]
 
 
+def row_multiple(tcfg: Any, mesh: Mesh, rules: str, processes: int | None = None) -> int:
+    """What a process's rows a step must be a multiple of when the data chooses them (`data.pack_batch=examples`):
+    grad_accum micro-batches of equal size, and a global micro-batch that divides over the mesh's data-parallel
+    devices (the axes `batch` maps to; one that does not is replicated on every device, not split). processes:
+    default jax.process_count() (a planner passes its target's)."""
+    import math
+
+    from dlr_jax.core.sharding import logical_to_spec
+
+    axes = logical_to_spec(("batch",), None, mesh, rules)[0]
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    dp, nproc = math.prod(mesh.shape[a] for a in axes), processes or jax.process_count()
+    return tcfg.grad_accum * math.lcm(nproc, dp) // nproc
+
+
+def packed_batch(tcfg: Any, data: Any) -> tuple[Any, int | None]:
+    """(`tcfg` with batch_size = the rows a step of `data` takes, the examples a step was sized to hold): under
+    `data.pack_batch=examples` the data chose the rows (`data.packing.rows_for_examples`: about batch_size examples
+    a step), and every step count and the Trainer's batch are in those rows; otherwise (tcfg, None)."""
+    if not data.packed or data.pack_batch != "examples":
+        return tcfg, None
+    return dataclasses.replace(tcfg, batch_size=data.global_batch), data.batch_examples
+
+
 def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_step: int | None = None,
-                     pack: Any = None) -> Any:
+                     pack: Any = None, batch_examples: int | None = None) -> Any:
     """`tcfg` with num_steps set from num_epochs (when > 0): ceil(num_epochs * n / per_step), per_step
     defaulting to the batch size. `pack`: packed data's `data.packing.PackStats`; a step's rows then hold
-    pack.examples_per_row examples each, so an epoch is that many times fewer steps. Written to
-    <workdir>/<stage>/schedule.json so a run says what it did."""
+    pack.examples_per_row examples each, so an epoch is that many times fewer steps (fewer rows a step, under
+    `data.pack_batch=examples`: tcfg.batch_size is then the rows `packed_batch` set, and `batch_examples` the
+    examples a step was sized to hold, recorded). Written to <workdir>/<stage>/schedule.json so a run says what it
+    did."""
     from dlr_jax.data.protocol import steps_for_epochs
 
     if tcfg.num_epochs <= 0:
@@ -203,6 +229,8 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
         info = {"num_epochs": tcfg.num_epochs, "examples": n, "per_step": per_step, "num_steps": steps}
         if pack is not None:
             info["packed"] = pack.to_dict()
+        if batch_examples is not None:
+            info |= {"pack_batch": "examples", "batch_examples": batch_examples}
         write_text_atomic(d / "schedule.json", json.dumps(info, indent=2) + "\n")
     return dataclasses.replace(tcfg, num_steps=steps)
 
@@ -212,7 +240,12 @@ def describe_rows(stage: str, data: Any) -> None:
     p = data.pack
     if p is None:
         return
-    if data.packed:
+    if data.packed and data.pack_batch == "examples":
+        print(f"[{stage}] packed: {data.global_batch} rows of {p.max_len} a step hold "
+              f"{data.examples_per_step:.1f} examples on average (padded: {data.batch_examples} rows), "
+              f"{100 * p.packed_efficiency:.0f}% of tokens real (padded rows: {100 * p.padded_efficiency:.0f}%)",
+              flush=True)
+    elif data.packed:
         print(f"[{stage}] packed rows of {p.max_len}: {p.examples_per_row:.2f} examples a row, "
               f"{100 * p.packed_efficiency:.0f}% of tokens real (padded rows: {100 * p.padded_efficiency:.0f}%)",
               flush=True)

@@ -6,7 +6,7 @@ import pytest
 
 from dlr_jax.data.items import fitting_items
 from dlr_jax.data.latents import random_latents
-from dlr_jax.data.packing import PackStats, first_fit_rows, pack_stats
+from dlr_jax.data.packing import PackStats, first_fit_rows, pack_stats, rows_for_examples
 from dlr_jax.data.pipeline import make_stage_dataset
 from dlr_jax.data.synthetic import generate
 from dlr_jax.text.tokens import Tokenizer, train_bpe
@@ -58,3 +58,74 @@ def test_replays_the_pipelines_packer(stage, setup):
     padded = make_stage_dataset(stage, examples, tok, batch_size=batch, max_len=max_len, seed=seed, latents=table,
                                 shard_index=0, shard_count=1)
     assert padded.examples_per_step == batch and padded.pack.rows == len(items)
+
+
+# ----------------------------------------------------------------------------------------------
+# data.pack_batch=examples: a packed step of about batch_size examples, in fewer rows.
+
+
+def test_rows_for_examples_settles_on_a_multiple():
+    lengths = np.random.default_rng(1).integers(20, 100, 3000)  # about 4 a row of 256
+    rows, stats = rows_for_examples(lengths, 256, 64, seed=2)
+    assert stats == pack_stats(lengths, 256, rows, 2)  # the stats of the bins the pipeline will open
+    assert abs(rows * stats.examples_per_row - 64) <= stats.examples_per_row / 2  # the nearest row count
+    assert rows == rows_for_examples(lengths, 256, 64, seed=2, multiple=1)[0] < 64 // 3
+    for m in (4, 8):
+        r, s = rows_for_examples(lengths, 256, 64, seed=2, multiple=m)
+        assert r % m == 0 and abs(r * s.examples_per_row - 64) <= m * s.examples_per_row / 2
+    assert rows_for_examples(lengths, 256, 2, seed=2, multiple=8)[0] == 8  # never fewer than one multiple
+    assert rows_for_examples([300] * 5 + [200] * 50, 256, 16)[0] == 16  # one a row: as many rows as examples
+
+
+@pytest.fixture(scope="module")
+def many(setup):
+    """More examples than `setup`'s, so an epoch is ~15 steps of 64 and the per-step means are not one step's."""
+    _, tok, _ = setup
+    examples = generate(960, seed=5)
+    return examples, tok, random_latents(examples, 32, seed=0)
+
+
+def _examples_per_step(ds):
+    """Examples (segments) of each batch of one epoch."""
+    return [int(b["segment_ids"].max(axis=1).sum()) for b in ds]
+
+
+@pytest.mark.parametrize("stage", ["textsft", "align", "sft"])
+def test_pack_batch_examples_holds_a_padded_batch_in_fewer_rows(stage, many):
+    examples, tok, table = many
+    # align's rows hold ~13 examples: a step of 64 examples is 5 rows (64 / 13 rounds to whole rows: 65 examples)
+    batch, max_len, seed = 64, 352, 3
+    kw = dict(batch_size=batch, max_len=max_len, seed=seed, latents=table, num_epochs=1, drop_remainder=False,
+              shard_index=0, shard_count=1, num_threads=0)
+    ds = make_stage_dataset(stage, examples, tok, pack=True, pack_batch="examples", **kw)
+    _, lengths, _ = fitting_items(stage, examples, tok, max_len=max_len, latents=table)
+    assert max(lengths) <= max_len // 2  # every example under half a row: a row holds two or more
+    per_step = _examples_per_step(ds)
+    rows = [b["tokens"].shape[0] for b in ds]
+    # (b) fewer rows a step than examples, every full step the same
+    assert ds.global_batch < batch and set(rows[:-1]) == {ds.global_batch}
+    # (a) a step holds about batch_size examples, and an epoch is about as many steps as padded
+    assert abs(np.mean(per_step[:-1]) - batch) <= 0.1 * batch, per_step
+    assert abs(ds.examples_per_step - batch) <= 0.1 * batch
+    padded = make_stage_dataset(stage, examples, tok, **kw)
+    padded_steps = sum(1 for _ in padded)
+    assert abs(len(per_step) - padded_steps) <= 0.1 * padded_steps, (len(per_step), padded_steps)
+    assert ds.pack.steps(1, ds.global_batch, packed=True) == pytest.approx(padded_steps, rel=0.1)
+    # what data.pack_batch=rows does with the same batch_size: a step of batch_size rows, several times the examples
+    by_rows = make_stage_dataset(stage, examples, tok, pack=True, **kw)
+    assert np.mean(_examples_per_step(by_rows)[:-1]) > 1.5 * batch
+
+
+def test_pack_batch_examples_needs_packing(setup):
+    from dlr_jax.config import ConfigError
+    from dlr_jax.config.root import DataConfig
+
+    examples, tok, table = setup
+    with pytest.raises(ConfigError, match=r"data\.pack_batch=examples .*data\.pack=true"):
+        DataConfig(pack_batch="examples")
+    with pytest.raises(ConfigError, match="data.pack_batch must be rows|examples"):
+        DataConfig(pack=True, pack_batch="tokens")
+    assert DataConfig().pack_batch == "rows" and DataConfig(pack=True, pack_batch="examples").pack
+    with pytest.raises(ValueError, match="needs pack=True"):
+        make_stage_dataset("sft", examples, tok, batch_size=4, max_len=160, seed=0, latents=table,
+                           pack_batch="examples", shard_index=0, shard_count=1)

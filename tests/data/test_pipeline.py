@@ -137,10 +137,11 @@ def test_shards_are_disjoint_halves(tok, examples, table):
     assert Counter(r0) + Counter(r1) == Counter(tuple(b["tokens"][0].tolist()) for b in full)
 
 
-@pytest.mark.parametrize("pack", [False, True])
+@pytest.mark.parametrize("pack", [False, True, "examples"])
 def test_checkpoint_resume(tok, examples, table, pack):
-    def make():
-        return _ds("sft", examples, tok, seed=5, latents=table, pack=pack)
+    def make():  # "examples": packed, batch_size counting examples (data.pack_batch=examples)
+        how = {"pack": True, "pack_batch": "examples", "batch_size": 3 * B} if pack == "examples" else {"pack": pack}
+        return _ds("sft", examples, tok, seed=5, latents=table, **how)
 
     it = iter(make())
     # far enough that the saved state lies past the first epoch boundary

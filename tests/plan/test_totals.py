@@ -19,8 +19,8 @@ RECIPE = ["data.synthetic_train=300", "data.max_len=256", "train.sft.batch_size=
           "train.align.num_epochs=2"]
 
 
-def by_hand(stage: str, length: int) -> dict:
-    cfg = load_config(TINY, RECIPE)
+def by_hand(stage: str, length: int, *overrides: str) -> dict:
+    cfg = load_config(TINY, [*RECIPE, *overrides])
     lengths = L.Lengths(stage, (length,) * 300, 300, ("by hand",), "-", False)
     batch = getattr(cfg.train, stage).batch_size
     return totals.stage_total_flops(cfg, stage, 1e12, types.SimpleNamespace(steps_per_epoch_examples=batch), lengths)
@@ -62,3 +62,17 @@ def test_stage_times_are_steps_times_the_roofline_step():
         {"stage_roofline_s": 19.0}
     # no roofline (the CPU fallback): no times at all
     assert totals.stage_times(by_hand("align", 64)) == {}
+
+
+@pytest.mark.parametrize(("length", "rows", "rows_mode_steps"), [(64, 4, 10), (100, 8, 19), (200, 16, 38)])
+def test_packed_steps_of_batch_size_examples_are_as_many_as_padded_on_fewer_rows(length, rows, rows_mode_steps):
+    # data.pack_batch=examples: 16 examples a step in 16 / examples_per_row rows (4 a row of 64: 4 rows), so an epoch is
+    # the padded recipe's 38 steps, each a rows / 16 share of the padded step's FLOPs and roofline time
+    r = by_hand("sft", length, "data.pack=true", "data.pack_batch=examples")
+    assert r["pack_batch"] == "examples" and r["packed_rows_per_step"] == rows
+    assert r["stage_steps"] == r["stage_steps_packed"] == 38
+    assert r["stage_total_flops_packed"] == pytest.approx(38e12 * rows / 16)
+    assert totals.stage_times(r | {"roofline_step_s": 0.5})["stage_roofline_s_packed"] == pytest.approx(
+        38 * 0.5 * rows / 16)
+    rows_mode = by_hand("sft", length, "data.pack=true")  # batch_size rows a step: fewer, fuller steps
+    assert rows_mode["packed_rows_per_step"] == 16 and rows_mode["stage_steps_packed"] == rows_mode_steps

@@ -414,3 +414,36 @@ def test_ocr2_branch_packed_and_padded_give_the_same_ocr_terms_and_gradients(ocr
     shifted = packed | {"ocr_targets": np.roll(packed["ocr_targets"], 1, axis=1)}
     moved, _ = _ocr_terms_and_grads(model, shifted)
     assert abs(moved[0] - terms_a[0]) > 100 * TOL
+
+
+def test_stages_train_on_packed_steps_of_batch_size_examples_and_resume(tmp_path, capsys):
+    """data.pack_batch=examples: a step's rows hold about batch_size examples (not batch_size rows of several each),
+    so an epoch is about as many steps as padded; a run stopped part way resumes to the uninterrupted run's steps."""
+    from dlr_jax.stages import align, textsft
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml", [*MICRO, "data.pack_batch=examples"])
+    textsft.run(cfg, tmp_path / "whole", "cot")
+    textsft.run(cfg, tmp_path / "resumed", "cot", num_steps=3)
+    textsft.run(cfg, tmp_path / "resumed", "cot")
+    align.run(cfg, tmp_path / "whole")
+    out = capsys.readouterr().out
+    for w, stage in ((tmp_path / "whole", "textsft_cot"), (tmp_path / "whole", "align"),
+                     (tmp_path / "resumed", "textsft_cot")):
+        schedule = json.loads((w / stage / "schedule.json").read_text())
+        packed, rows = schedule["packed"], schedule["per_step"]
+        assert schedule["pack_batch"] == "examples" and schedule["batch_examples"] == 8
+        assert packed["examples_per_row"] > 1.2 and rows < 8  # fewer rows a step than examples
+        padded_steps = -(-schedule["examples"] // 8)
+        assert abs(schedule["num_steps"] - padded_steps) <= max(1, 0.1 * padded_steps), schedule
+        assert f"[{stage}] packed: {rows} rows of 256 a step hold " in out
+        metrics = [json.loads(line) for line in (w / stage / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in metrics] == list(range(1, schedule["num_steps"] + 1))
+        # about batch_size examples a step: rows x examples_per_row (whole rows: textsft 4 x 2.2 for 8), not
+        # batch_size x examples_per_row as with data.pack_batch=rows
+        seen = np.mean([r["sequences"] for r in metrics])
+        assert seen == pytest.approx(rows * packed["examples_per_row"], rel=0.15) and seen < 1.5 * 8, seen
+    assert "[textsft_cot] resumed from step 3" in out
+    whole, resumed = ([json.loads(line) for line in (tmp_path / w / "textsft_cot" / "metrics.jsonl").read_text()
+                       .splitlines()] for w in ("whole", "resumed"))
+    np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in whole], rtol=1e-5)
+    assert [r["sequences"] for r in resumed] == [r["sequences"] for r in whole]
