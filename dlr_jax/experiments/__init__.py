@@ -60,11 +60,15 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+PLACEHOLDER = "W"  # --dry-run without --workdir: the commands name the root W
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dlr_jax.experiments", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("name", choices=EXPERIMENTS, help="the experiment")
-    p.add_argument("--workdir", required=True, help="root of every workdir of the experiment (W)")
+    p.add_argument("--workdir", help="root of every workdir of the experiment (W); required but with --dry-run, "
+                                     "whose commands then show W")
     p.add_argument("--seeds", type=int, help="training seeds 0..N-1 (default 3)")
     p.add_argument("--seed-ids", type=_ints, metavar="S,S,...",
                    help="run these training seeds instead of 0..N-1, e.g. 1,2 on a second machine while "
@@ -99,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dlr_jax.config import ConfigError, load_config
     from dlr_jax.experiments import report, runner, tables
 
+    if args.workdir is None and not args.dry_run:
+        print("error: --workdir W is required (the root of every workdir of the experiment); only --dry-run "
+              "runs without one", file=sys.stderr)
+        return 2
     if args.seeds is not None and args.seed_ids is not None:
         print("error: give --seeds N (seeds 0..N-1) or --seed-ids, not both", file=sys.stderr)
         return 2
@@ -125,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    root = Path(args.workdir)
+    root = Path(args.workdir or PLACEHOLDER)
     seeds = sorted(args.seed_ids) if args.seed_ids is not None else list(range(args.seeds or 3))
     steps = runner.build_steps(exp, root=root, config=args.config, overrides=args.overrides, seeds=seeds)
     given = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--report-only"]
@@ -135,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{len(steps)} commands")
         if exp.needs:
             print(f"# NOTE: before it can run, {exp.needs}")
+        if args.workdir is None:
+            print(f"# {PLACEHOLDER} = the experiment's --workdir (none given)")
         runner.dry_run(steps)
         return 0
     out_dir = root / exp.name

@@ -348,6 +348,21 @@ def test_dry_run_for_a_real_backbone_prints_commands_and_writes_nothing(tmp_path
     assert "seed1/no_align" in out and "(todo)" in out
 
 
+def test_dry_run_needs_no_workdir_and_a_run_does(tmp_path, capsys, monkeypatch):
+    """The paper tables' full-scale commands print from `--dry-run --config C` alone (W stands for the root);
+    a real run without --workdir is refused, and nothing is written either way."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("stages", "encoder", "k_sweep", "decoding"):
+        assert cli_main([name, "--dry-run", "--config", str(ROOT / "configs/qwen3vl-4b.yaml")]) == 0
+        out = capsys.readouterr().out
+        assert "# W = the experiment's --workdir" in out
+        cmds = [x for x in out.splitlines() if "dlr_jax.train" in x]
+        assert cmds and all("--workdir W/" in x for x in cmds)
+    assert cli_main(["main", "--seeds", "1"]) == 2
+    assert "--workdir W is required" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_refuses_bad_arguments(tmp_path, capsys):
     assert cli_main(["no_rl", "--workdir", str(tmp_path), "--matched-baselines", "--dry-run"]) == 2
     assert "main experiment" in capsys.readouterr().err
