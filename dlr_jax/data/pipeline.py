@@ -251,6 +251,13 @@ def make_stage_dataset(
         if pack:
             if pack_batch == "examples":
                 rows, stats = rows_for_examples(lengths, max_len, batch_size, seed, multiple=row_multiple)
+                held = rows * stats.examples_per_row
+                if abs(held - batch_size) > 0.15 * batch_size:  # whole multiples of rows cannot come closer
+                    log.warning(
+                        "data.pack_batch=examples: %d rows a step hold about %.0f examples, not batch_size %d: rows "
+                        "come in multiples of %d (grad_accum x data-parallel devices) and a row holds %.2f; a "
+                        "batch_size near a multiple of %.0f keeps the step's examples", rows, held, batch_size,
+                        row_multiple, stats.examples_per_row, row_multiple * stats.examples_per_row)
             else:
                 rows = batch_size
                 # Each process packs its own slice with its own bins; replayed here on the global stream with as
@@ -403,6 +410,13 @@ class StageIterator:
         if "global_batches" not in state:  # a checkpoint from before global batches: grain's own state
             self._it.set_state(state)
             return
+        if int(state["global_batch_size"]) != d.global_batch and d.packed and d.pack_batch == "examples":
+            raise ConfigError(
+                f"the checkpointed data position counts steps of {state['global_batch_size']} packed rows, this "
+                f"run's take {d.global_batch}: under data.pack_batch=examples the rows a step takes follow the "
+                "examples' lengths, batch_size, grad_accum and the data-parallel devices (data.packing."
+                "rows_for_examples). Resume with the mesh, grad_accum and batch_size the stage started with, or start "
+                "the stage over in a new --workdir")
         if int(state["global_batch_size"]) != d.global_batch:
             # A ConfigError (one line, exit 2) that says how back out: the workdir's config.yaml already holds
             # the new value, so going back to the recorded one is itself a change.

@@ -230,7 +230,8 @@ def cost(table: Mapping[str, Any], methods: Sequence[Method]) -> list[dict[str, 
 # Config keys added after runs had recorded their recipe: at these defaults they are left out of the hash,
 # so the same recipe run at an older commit (on another machine, say) still merges.
 LATER_KEYS = {("data", "synthetic_wording"): "base", ("data", "synthetic_distractor_rate"): 0.0,
-              ("data", "synthetic_cot_style"): "equations", ("data", "gsm8k_cot"): "equations"}
+              ("data", "synthetic_cot_style"): "equations", ("data", "gsm8k_cot"): "equations",
+              ("data", "pack_batch"): "rows"}
 
 
 def recipe_hash(cfg: Any) -> str:

@@ -77,6 +77,7 @@ def device_estimate(compiled: Any, per_dev_flops: float, target: Target, *, cost
         t_memory = (bytes_dev or 0.0) / target.hbm_bandwidth
         t = max(t_compute, t_memory)
         out |= {"bytes_per_device": bytes_dev, "bytes_source": source, "roofline_step_s": t,
+                "roofline_compute_s": t_compute, "roofline_memory_s": t_memory,
                 "roofline_bound": "compute" if t_compute >= t_memory else "memory",
                 "roofline_mfu": t_compute / t if t > 0 else None}
     return out

@@ -154,8 +154,16 @@ def stage_times(plan: Mapping[str, Any]) -> dict[str, float]:
     if step is not None and "stage_steps" in plan:
         out["stage_roofline_s"] = plan["stage_steps"] * step
     packed = plan.get("roofline_step_s_packed") if "flops_per_step_packed" in plan else step
-    if packed is not None and "stage_steps_packed" in plan:  # a packed step of fewer rows (pack_batch=examples)
-        out["stage_roofline_s_packed"] = plan["stage_steps_packed"] * packed * plan.get("packed_row_share", 1.0)
+    share = plan.get("packed_row_share", 1.0)
+    if packed is not None and share < 1.0:  # a packed step of fewer rows (pack_batch=examples)
+        # Its FLOPs shrink with its rows; its bytes only in part (weights and optimizer state do not shrink), so the
+        # B-row step's memory term is kept: an upper bound on that term. Without the two terms: left out.
+        if "flops_per_step_packed" in plan or not {"roofline_compute_s", "roofline_memory_s"} <= plan.keys():
+            packed = None
+        else:
+            packed = max(plan["roofline_compute_s"] * share, plan["roofline_memory_s"])
+    if packed is not None and "stage_steps_packed" in plan:
+        out["stage_roofline_s_packed"] = plan["stage_steps_packed"] * packed
     return out
 
 

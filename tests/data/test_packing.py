@@ -129,3 +129,17 @@ def test_pack_batch_examples_needs_packing(setup):
     with pytest.raises(ValueError, match="needs pack=True"):
         make_stage_dataset("sft", examples, tok, batch_size=4, max_len=160, seed=0, latents=table,
                            pack_batch="examples", shard_index=0, shard_count=1)
+
+
+def test_pack_batch_examples_says_when_whole_multiples_of_rows_miss_the_batch(many, caplog):
+    """Rows come in multiples of grad_accum x the data-parallel devices: where one multiple already holds far more
+    than batch_size examples, the step cannot hold batch_size, and the pipeline says so with a batch size that fits."""
+    examples, tok, table = many
+    kw = dict(batch_size=64, max_len=352, seed=3, latents=table, num_epochs=1, shard_index=0, shard_count=1,
+              num_threads=0, pack=True, pack_batch="examples")
+    with caplog.at_level("WARNING", logger="dlr_jax.data.pipeline"):
+        make_stage_dataset("align", examples, tok, row_multiple=1, **kw)
+        assert not [r for r in caplog.records if "pack_batch=examples" in r.getMessage()]
+        ds = make_stage_dataset("align", examples, tok, row_multiple=8, **kw)  # 8 rows of ~13: ~100 examples
+    said = [r.getMessage() for r in caplog.records if "pack_batch=examples" in r.getMessage()]
+    assert ds.global_batch == 8 and len(said) == 1 and "not batch_size 64" in said[0] and "multiples of 8" in said[0]

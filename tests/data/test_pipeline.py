@@ -169,6 +169,24 @@ def test_resuming_with_another_batch_size_says_how_to_back_out(tok, examples):
         other.set_state(state)
 
 
+def test_resuming_packed_examples_on_other_rows_names_what_sets_them(tok, examples, table):
+    """Under data.pack_batch=examples the rows a step takes follow grad_accum and the data-parallel devices, so a
+    resume on another mesh gets other rows: the message says so, not "rerun with that batch size" (a review)."""
+    from dlr_jax.config import ConfigError
+
+    def make(multiple):
+        return _ds("sft", examples, tok, seed=5, latents=table, pack=True, pack_batch="examples", batch_size=3 * B,
+                   row_multiple=multiple)
+
+    first, other = make(1), make(4)
+    assert first.global_batch != other.global_batch
+    it = iter(first)
+    next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    with pytest.raises(ConfigError, match=r"packed rows.*grad_accum and the data-parallel devices.*Resume with the mesh"):
+        iter(other).set_state(state)
+
+
 def test_worker_processes_match_in_process(tok, examples):
     local = list(_ds("textsft", examples, tok, num_epochs=1))
     it = iter(_ds("textsft", examples, tok, num_epochs=1, num_workers=2))

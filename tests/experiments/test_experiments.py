@@ -324,11 +324,13 @@ def test_recipe_hash_ignores_later_config_keys_at_their_defaults():
     cfg = _tiny()
     before = "".join(line for line in dump_config(cfg).splitlines(keepends=True)
                      if not line.strip().startswith(("synthetic_wording:", "synthetic_distractor_rate:",
-                                                     "synthetic_cot_style:", "gsm8k_cot:")))
+                                                     "synthetic_cot_style:", "gsm8k_cot:", "pack_batch:")))
     assert report.recipe_hash(cfg) == hashlib.sha256(before.encode()).hexdigest()[:16]
     assert report.recipe_hash(_tiny("data.synthetic_wording=varied")) != report.recipe_hash(cfg)
     assert report.recipe_hash(_tiny("data.synthetic_distractor_rate=0.5")) != report.recipe_hash(cfg)
     assert report.recipe_hash(_tiny("data.synthetic_cot_style=natural")) != report.recipe_hash(cfg)
+    assert report.recipe_hash(_tiny("data.pack=true", "data.pack_batch=examples")) != report.recipe_hash(
+        _tiny("data.pack=true"))
     gsm8k = _tiny("data.dataset=gsm8k")
     assert report.recipe_hash(_tiny("data.dataset=gsm8k", "data.gsm8k_cot=raw")) != report.recipe_hash(gsm8k)
 

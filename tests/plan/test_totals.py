@@ -72,7 +72,13 @@ def test_packed_steps_of_batch_size_examples_are_as_many_as_padded_on_fewer_rows
     assert r["pack_batch"] == "examples" and r["packed_rows_per_step"] == rows
     assert r["stage_steps"] == r["stage_steps_packed"] == 38
     assert r["stage_total_flops_packed"] == pytest.approx(38e12 * rows / 16)
-    assert totals.stage_times(r | {"roofline_step_s": 0.5})["stage_roofline_s_packed"] == pytest.approx(
-        38 * 0.5 * rows / 16)
+    # the compute term shrinks with the rows, the memory term (weights, optimizer state) is kept
+    compute_bound = r | {"roofline_step_s": 0.5, "roofline_compute_s": 0.5, "roofline_memory_s": 0.05}
+    assert totals.stage_times(compute_bound)["stage_roofline_s_packed"] == pytest.approx(
+        38 * max(0.5 * rows / 16, 0.05))
+    memory_bound = r | {"roofline_step_s": 0.5, "roofline_compute_s": 0.2, "roofline_memory_s": 0.5}
+    assert totals.stage_times(memory_bound)["stage_roofline_s_packed"] == pytest.approx(38 * 0.5)
+    if rows < 16:  # fewer rows and no terms to scale: not guessed
+        assert "stage_roofline_s_packed" not in totals.stage_times(r | {"roofline_step_s": 0.5})
     rows_mode = by_hand("sft", length, "data.pack=true")  # batch_size rows a step: fewer, fuller steps
     assert rows_mode["packed_rows_per_step"] == 16 and rows_mode["stage_steps_packed"] == rows_mode_steps
