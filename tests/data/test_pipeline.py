@@ -183,7 +183,8 @@ def test_resuming_packed_examples_on_other_rows_names_what_sets_them(tok, exampl
     it = iter(first)
     next(it)
     state = json.loads(json.dumps(it.get_state()))
-    with pytest.raises(ConfigError, match=r"packed rows.*grad_accum and the data-parallel devices.*Resume with the mesh"):
+    said = r"packed rows.*grad_accum and the data-parallel devices.*Resume with the mesh"
+    with pytest.raises(ConfigError, match=said):
         iter(other).set_state(state)
 
 
