@@ -63,6 +63,7 @@ class PackResult:
     vocab: int  # text + latent rows (+ padding): the softmax's width
     example_tokens: float  # mean tokens of an example over the epoch (what packing fills rows with)
     loads: tuple[float, ...] = ()
+    packed_rows: int = 0  # rows a packed step takes (`data.pack_batch=examples`: fewer than `batch`); 0 = batch
 
     @property
     def tokenizer_name(self) -> str:
@@ -134,11 +135,13 @@ def bench_pack(args: argparse.Namespace, log: Callable[[str], None] = print, tok
         tok = stages.get_tokenizer(cfg, tmp, examples)
         mesh = stages.make_mesh_for(cfg)
         latents = random_latents(examples, cfg.latent.num_latents, seed=cfg.run.seed)
-        trainers, batches, n, params, tokens = {}, {}, 0, 0, 0.0
+        trainers, batches, n, params, tokens, rows = {}, {}, 0, 0, 0.0, {}
         for mode in MODES:
+            packed = mode == "packed"  # data.pack_batch=examples (with --pack-set data.pack=true): fewer rows a step
             data = make_stage_dataset("sft", examples, tok, batch_size=tcfg.batch_size, max_len=cfg.data.max_len,
-                                      seed=cfg.run.seed, latents=latents, pack=mode == "packed", shard_index=0,
-                                      shard_count=1)
+                                      seed=cfg.run.seed, latents=latents, pack=packed, shard_index=0,
+                                      shard_count=1, pack_batch=cfg.data.pack_batch if packed else "rows")
+            rows[mode] = data.global_batch
             it = iter(data)
             batches[mode] = [next(it) for _ in range(steps + 1)]  # read before the clock starts
             n = data.examples
@@ -150,7 +153,8 @@ def bench_pack(args: argparse.Namespace, log: Callable[[str], None] = print, tok
                                            mesh=mesh if mesh.size > 1 else None, rules=cfg.mesh.rules)
             params = stages.count_params(model)
             loss = functools.partial(stages.lm_loss, vocab_mask=model.vocab_mask())
-            trainers[mode] = Trainer(model, loss, tcfg, Path(tmp) / mode, mesh=mesh, rules=cfg.mesh.rules,
+            trainers[mode] = Trainer(model, loss, dataclasses.replace(tcfg, batch_size=rows[mode]), Path(tmp) / mode,
+                                     mesh=mesh, rules=cfg.mesh.rules,
                                      trainable=filter_for_stage("sft", model.latent_cfg), name=f"pack-{mode}")
         first = {m: common.timed(lambda m=m: trainers[m].train_step(batches[m][0]))[0] for m in MODES}
         log(f"pack ({tokenizer} tokenizer): first steps " + ", ".join(f"{m} {first[m]:.2f} s" for m in MODES))
@@ -171,7 +175,7 @@ def bench_pack(args: argparse.Namespace, log: Callable[[str], None] = print, tok
     entries = tok.backend.get_vocab_size(with_added_tokens=False)
     return PackResult(config_name, tuple(args.pack_set), model, params, tcfg.batch_size, cfg.data.max_len,
                       n, step_s, seqs, real, first, tokenizer, tokenizer_source(tokenizer, cfg), entries,
-                      tok.text_vocab_size, tok.total_vocab_size, tokens, loads)
+                      tok.text_vocab_size, tok.total_vocab_size, tokens, loads, packed_rows=rows["packed"])
 
 
 def tokenizer_source(tokenizer: str, cfg: Any) -> str:
@@ -220,11 +224,13 @@ def render_pack(results: PackResult | Sequence[PackResult], command: str, info: 
     over = f", {', '.join(res.overrides)}" if res.overrides else ""
     both = (" Once a tokenizer: it sets how long an example is (so how many share a packed row) and how wide the "
             "embedding and softmax are (so a step's cost, the same padded and packed)." if len(results) > 1 else "")
+    fewer = (f"; `data.pack_batch=examples`: {res.packed_rows} rows a step hold about {res.batch} examples"
+             if res.packed_rows and res.packed_rows != res.batch else "")
     lines = common.header(TITLE, command, info) + [
         f"The sft stage's step (latent LM of `{res.config}`{over}: {res.model}; random init) on its own batches of "
         f"GSM8K-Aug's training examples: {res.batch} rows of {res.max_len} tokens a step, one example a row "
-        f"(padded) or several (packed, `data.pack=true`). Medians of {len(res.step_s['padded'])} timed steps a "
-        f"side, interleaved.{both}",
+        f"(padded) or several (packed, `data.pack=true`{fewer}). Medians of {len(res.step_s['padded'])} timed steps "
+        f"a side, interleaved.{both}",
     ]
     for r in results:
         lines += ["", *side_lines(r, refusal)]
