@@ -71,6 +71,7 @@ import numpy as np
 from grain.experimental import FirstFitPackIterDataset
 
 from dlr_jax.config import ConfigError
+from dlr_jax.config.root import PACK_BATCH
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.curriculum import Curriculum, ocr_step, step_counts
 from dlr_jax.data.items import Item, Latents, build_sequence, fitting_items
@@ -83,7 +84,6 @@ from dlr_jax.text.tokens import Tokenizer
 log = logging.getLogger(__name__)
 
 BATCH_KEYS = ("tokens", "loss_mask", "segment_ids", "positions")
-PACK_BATCH = ("rows", "examples")  # data.pack_batch: what a packed step's batch_size counts
 _BATCH_READ_AHEAD = 4  # whole batches tokenised ahead by the reader threads (unpacked)
 _PACK_READ_AHEAD = 64  # sequences tokenised ahead of the packer
 
