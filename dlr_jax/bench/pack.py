@@ -63,7 +63,8 @@ class PackResult:
     vocab: int  # text + latent rows (+ padding): the softmax's width
     example_tokens: float  # mean tokens of an example over the epoch (what packing fills rows with)
     loads: tuple[float, ...] = ()
-    packed_rows: int = 0  # rows a packed step takes (`data.pack_batch=examples`: fewer than `batch`); 0 = batch
+    packed_rows: int = 0  # rows a packed step takes (`data.pack_batch=examples|exact`: fewer than `batch`); 0 = batch
+    pack_batch: str = "rows"  # data.pack_batch of the packed side
 
     @property
     def tokenizer_name(self) -> str:
@@ -137,10 +138,11 @@ def bench_pack(args: argparse.Namespace, log: Callable[[str], None] = print, tok
         latents = random_latents(examples, cfg.latent.num_latents, seed=cfg.run.seed)
         trainers, batches, n, params, tokens, rows = {}, {}, 0, 0, 0.0, {}
         for mode in MODES:
-            packed = mode == "packed"  # data.pack_batch=examples (with --pack-set data.pack=true): fewer rows a step
+            packed = mode == "packed"  # data.pack_batch=examples|exact (with --pack-set data.pack=true): fewer rows
             data = make_stage_dataset("sft", examples, tok, batch_size=tcfg.batch_size, max_len=cfg.data.max_len,
                                       seed=cfg.run.seed, latents=latents, pack=packed, shard_index=0,
-                                      shard_count=1, pack_batch=cfg.data.pack_batch if packed else "rows")
+                                      shard_count=1, pack_batch=cfg.data.pack_batch if packed else "rows",
+                                      horizon_steps=steps + 1)
             rows[mode] = data.global_batch
             it = iter(data)
             batches[mode] = [next(it) for _ in range(steps + 1)]  # read before the clock starts
@@ -175,7 +177,8 @@ def bench_pack(args: argparse.Namespace, log: Callable[[str], None] = print, tok
     entries = tok.backend.get_vocab_size(with_added_tokens=False)
     return PackResult(config_name, tuple(args.pack_set), model, params, tcfg.batch_size, cfg.data.max_len,
                       n, step_s, seqs, real, first, tokenizer, tokenizer_source(tokenizer, cfg), entries,
-                      tok.text_vocab_size, tok.total_vocab_size, tokens, loads, packed_rows=rows["packed"])
+                      tok.text_vocab_size, tok.total_vocab_size, tokens, loads, packed_rows=rows["packed"],
+                      pack_batch=cfg.data.pack_batch if cfg.data.pack else "rows")
 
 
 def tokenizer_source(tokenizer: str, cfg: Any) -> str:
@@ -224,7 +227,8 @@ def render_pack(results: PackResult | Sequence[PackResult], command: str, info: 
     over = f", {', '.join(res.overrides)}" if res.overrides else ""
     both = (" Once a tokenizer: it sets how long an example is (so how many share a packed row) and how wide the "
             "embedding and softmax are (so a step's cost, the same padded and packed)." if len(results) > 1 else "")
-    fewer = (f"; `data.pack_batch=examples`: {res.packed_rows} rows a step hold about {res.batch} examples"
+    about = "exactly" if res.pack_batch == "exact" else "about"
+    fewer = (f"; `data.pack_batch={res.pack_batch}`: {res.packed_rows} rows a step hold {about} {res.batch} examples"
              if res.packed_rows and res.packed_rows != res.batch else "")
     lines = common.header(TITLE, command, info) + [
         f"The sft stage's step (latent LM of `{res.config}`{over}: {res.model}; random init) on its own batches of "

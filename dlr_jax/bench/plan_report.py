@@ -101,12 +101,13 @@ def packed_table(rows: Sequence[dict[str, Any]]) -> str:
     p = lambda x: f"{x / 1e15:,.0f} P"  # noqa: E731
     t = lambda r, k: format_duration(r[k]) if k in r else "—"  # noqa: E731
     out = ["### Padded vs packed rows: whole-stage totals",
-           "A row of `data.max_len` tokens holds one example (padded) or several (packed, `data.pack=true`: grain's "
-           "first-fit packer replayed on the measured lengths of the configured training data, as many open rows as "
-           "the batch has). A packed step runs the padded step's program, so it costs the same and an epoch takes "
-           "fewer steps; sft's dual branch is the exception: its packed row computes S OCR rows, one a segment slot "
-           "(`data.ocr_rows.ocr_slots`), and that step is counted and compiled apart. Time = steps x the roofline "
-           "step time on the row's devices, a bound, not a measurement.",
+           "A row of `data.max_len` tokens holds one example (padded) or several (packed, `data.pack=true`, the "
+           "packer replayed on the measured lengths of the configured training data). Under `data.pack_batch=exact` "
+           "(the paper configs) a step keeps the padded step's batch_size examples in the rows its fullest "
+           "micro-batch needs: as many steps, each on fewer rows (its FLOPs scale with them); under `rows` a step "
+           "is batch_size packed rows, the padded step's program, so an epoch takes fewer steps. sft's dual branch "
+           "computes S OCR rows a packed row, one a segment slot (`data.ocr_rows.ocr_slots`), a step counted and "
+           "compiled apart. Time = steps x the roofline step time on the row's devices, a bound, not a measurement.",
            "",
            "| config | stage | device | tokens: mean / p95 / max | examples a row | steps (padded / packed) "
            "| FLOPs / step (padded / packed) | stage total, padded (paper) | stage total, packed | packed / padded "
@@ -114,7 +115,7 @@ def packed_table(rows: Sequence[dict[str, Any]]) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes: dict[str, list[str]] = {}
     for r in rows:
-        step = r.get("flops_per_step_packed", r["flops_per_step"])
+        step = r.get("flops_per_step_packed", r["flops_per_step"]) * r.get("packed_row_share", 1.0)
         ocr = f" ({r['ocr_slots']} OCR rows a row)" if "ocr_slots" in r else ""
         paper = f" ({p(r['paper_total_flops'])})" if r.get("paper_total_flops") else ""
         out.append(

@@ -21,7 +21,7 @@ SYNTHETIC_COT_STYLES = ("equations", "natural")  # data/synthetic.py natural_cha
 GSM8K_COTS = ("equations", "raw", "natural")  # data/gsm8k.py CotStyle
 ALIGN_PARTS = ("sft", "all")  # data.align_part (dlr_jax/stages/common.py stage_examples)
 PAD_TO = ("longest", "max_len")  # data.pad_to (dlr_jax/data/pipeline.py row_width)
-PACK_BATCH = ("rows", "examples")  # data.pack_batch (dlr_jax/data/pipeline.py make_stage_dataset)
+PACK_BATCH = ("rows", "examples", "exact")  # data.pack_batch (dlr_jax/data/pipeline.py make_stage_dataset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +67,13 @@ class DataConfig:
     # padded rows would (tests/stages/test_packing.py); an epoch (num_epochs) is then fewer steps, counted from the
     # examples' lengths (data/packing.py)
     pack: bool = False
-    # What a packed step's train.<stage>.batch_size counts (needs pack=true for "examples"): "rows" = rows of max_len,
+    # What a packed step's train.<stage>.batch_size counts (read only with pack=true): "rows" = rows of max_len,
     # so a step holds examples_per_row times more examples than padded and an epoch is that many times fewer, larger
     # steps; "examples" = the examples a step holds on average, in round(batch_size / examples_per_row) rows, so the
-    # optimization (batch in examples, steps an epoch) is the padded recipe's and only the pad tokens go away
+    # optimization (batch in examples, steps an epoch) is the padded recipe's and only the pad tokens go away;
+    # "exact" = every step holds exactly the padded step's batch_size examples (each micro-batch's examples packed
+    # into as many rows as the run's fullest micro-batch needs, data/exact_rows.py), so packed training is the padded
+    # run step for step
     pack_batch: str = "rows"
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.
     # rl_split: part of train_split held out for stage rl; SFT-side stages (textsft, sft; align unless
@@ -95,8 +98,6 @@ class DataConfig:
             raise ConfigError(f"data.pad_to must be {'|'.join(PAD_TO)}, got {self.pad_to!r}")
         if self.pack_batch not in PACK_BATCH:
             raise ConfigError(f"data.pack_batch must be {'|'.join(PACK_BATCH)}, got {self.pack_batch!r}")
-        if self.pack_batch == "examples" and not self.pack:
-            raise ConfigError("data.pack_batch=examples counts the examples of packed rows: it needs data.pack=true")
         if self.align_part not in ALIGN_PARTS:
             raise ConfigError(f"data.align_part must be {'|'.join(ALIGN_PARTS)}, got {self.align_part!r}")
         if self.gsm8k_cot not in GSM8K_COTS:

@@ -6,6 +6,8 @@
     each global batch (`ProcessSlice`) --> .map(tokenise, formats.py)
     --> pad to the row width and .batch()                (pack=False; `row_width`: max_len or the longest example)
      or .to_iter_dataset() --> FirstFitPackIterDataset --> .batch()   (pack=True)
+     or .batch(batch_size / grad_accum) --> first-fit-decreasing into r rows --> .batch(grad_accum)
+                                                                   (pack=True, pack_batch="exact": `exact_rows`)
     --> optional .mp_prefetch(num_workers)
 
 A batch is a dict of numpy arrays, each [batch_size, row width] int32 (packed: max_len):
@@ -49,7 +51,8 @@ batch, and the batches are the same for any num_workers. Packed (`pack=True`), e
 its own slice of the global stream: the examples of global step j are those of the unpacked run's
 global batch j only until a packer holds some back for a later row, so the rows, and the examples
 per step, depend on the number of processes and of workers; the state is grain's, and resuming it
-on another number of processes raises an error. How many rows an epoch fills, padded or packed, comes with the
+on another number of processes raises an error (under pack_batch="exact" a step is the unpacked run's global batch
+packed, and the state counts global batches as unpacked). How many rows an epoch fills, padded or packed, comes with the
 dataset (`StageData.pack`, `data.packing`: the packer replayed on the examples' lengths), which the stages'
 epoch-based schedules use.
 
@@ -74,6 +77,7 @@ from dlr_jax.config import ConfigError
 from dlr_jax.config.root import PACK_BATCH
 from dlr_jax.data.cot_view import cot_view
 from dlr_jax.data.curriculum import Curriculum, ocr_step, step_counts
+from dlr_jax.data.exact_rows import concat_groups, pack_group, rows_needed, stream_lengths
 from dlr_jax.data.items import Item, Latents, build_sequence, fitting_items
 from dlr_jax.data.ocr_rows import OCR_KEYS, as_slot, ocr_fields, ocr_slots, packed_ocr, slot_structs, step_texts
 from dlr_jax.data.packing import PackStats, pack_stats, rows_for_examples
@@ -133,6 +137,15 @@ def _assign_ocr_step(position: int, item: Item, *, seed: int, epoch_size: int) -
     return item._replace(ocr_step=j)
 
 
+def _pack_items(items: Sequence[Item], *, stage: str, tok: Tokenizer, mode: str, ocr: Any, plan: Mapping[str, int],
+                rows: int, max_len: int, slots: int, slot_pads: Mapping[str, int] | None) -> dict[str, np.ndarray]:
+    # data.pack_batch=exact: one micro-batch's examples as `rows` packed rows, planned on each example's length in
+    # `plan` (its longest variant under a curriculum), as `exact_rows.rows_needed` replayed them.
+    seqs = [_tokenise(it, stage=stage, tok=tok, mode=mode, ocr=ocr) for it in items]
+    return pack_group(seqs, [plan[it.example.id] for it in items], rows=rows, max_len=max_len, pad_id=tok.pad_id,
+                      slots=slots, slot_pads=slot_pads)
+
+
 def _rename_packed(row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     ocr = packed_ocr(dict(row)) if OCR_KEYS[0] in row else {}
     return ocr | {
@@ -170,6 +183,8 @@ def make_stage_dataset(
     pad_to: str = "max_len",
     pack_batch: str = "rows",
     row_multiple: int = 1,
+    grad_accum: int = 1,
+    horizon_steps: int | None = None,
 ) -> StageData:
     """Batches for `stage` (see the module docstring for the layout and the batch dict).
 
@@ -193,6 +208,10 @@ def make_stage_dataset(
     examples a step should hold on average, in r = `rows_for_examples` rows (a multiple of `row_multiple`, r
     packing bins; the returned `StageData.global_batch` counts rows, `examples_per_step` about batch_size x
     shard_count). The process slice still takes `batch_size` examples a process per global batch of the stream.
+    "exact" (`data.exact_rows`): every step holds exactly the padded step's examples, each of its `grad_accum`
+    micro-batches packed into the same number of rows r (the most the run needs, replayed over `horizon_steps` global
+    batches, or the whole stream when num_epochs is finite; a multiple of row_multiple / grad_accum); the data
+    resumes by global batches as padded data does.
     curriculum: stage sft's latent curriculum (`data.curriculum`): each element's k is set from its position in the
     global stream; a stagewise one needs the schedule's length before the first batch
     (`StageData.schedule_curriculum`).
@@ -201,8 +220,15 @@ def make_stage_dataset(
         raise ValueError(f"batch_size and max_len must be >= 1, got {batch_size}, {max_len}")
     if pack_batch not in PACK_BATCH:
         raise ValueError(f"pack_batch must be {'|'.join(PACK_BATCH)}, got {pack_batch!r}")
-    if pack_batch == "examples" and not pack:
-        raise ValueError("pack_batch='examples' counts the examples of packed rows: it needs pack=True")
+    if pack_batch in ("examples", "exact") and not pack:
+        raise ValueError(f"pack_batch={pack_batch!r} counts the examples of packed rows: it needs pack=True")
+    if pack and pack_batch == "exact" and (batch_size % grad_accum or row_multiple > 1 and row_multiple % grad_accum):
+        raise ValueError(f"pack_batch='exact' packs each of the {grad_accum} micro-batches of a process's "
+                         f"{batch_size} examples apart: batch_size and row_multiple ({row_multiple}) must be "
+                         "multiples of grad_accum")
+    if pack and pack_batch == "exact" and horizon_steps is None and num_epochs is None:
+        raise ValueError("pack_batch='exact' sizes its rows on the batches the run reads: give horizon_steps (the "
+                         "stage's steps) or a finite num_epochs")
     shard_index = jax.process_index() if shard_index is None else shard_index
     shard_count = jax.process_count() if shard_count is None else shard_count
     if not 0 <= shard_index < shard_count:
@@ -239,6 +265,19 @@ def make_stage_dataset(
         fit = f"{len(items)} examples fit max_len={max_len}"
         raise ValueError(f"shard {shard_index}/{shard_count} is empty: {fit}")
 
+    exact = None
+    if pack and pack_batch == "exact":
+        plan = {}  # each example's planned length: its longest variant (ids are unique per stage: latents key on them)
+        for it, n in zip(items, lengths, strict=True):
+            plan[it.example.id] = max(n, plan.get(it.example.id, 0))
+        group, per = batch_size // grad_accum, max(1, row_multiple // grad_accum)
+        count = len(items) * num_epochs if horizon_steps is None else horizon_steps * batch_size * shard_count
+        stream = stream_lengths([plan[it.example.id] for it in items], seed, num_epochs, count)
+        rows = -(-rows_needed(stream, group, max_len) // per) * per
+        slots, pads = slot_structs(ocr_slots(lengths, max_len), ocr_text_len, ocr[3]) if ocr is not None else ({}, {})
+        exact = {"plan": plan, "rows": rows, "slots": max(slots.values(), default=0),
+                 "slot_pads": {k: v for k, v in pads.items()} or None}
+
     def assemble(cur: Curriculum | None) -> StageData:
         # A closure, so that StageData.schedule_curriculum can rebuild the stream once the stage knows its length.
         ds = grain.MapDataset.source(items).shuffle(seed=seed).repeat(num_epochs)
@@ -247,6 +286,11 @@ def make_stage_dataset(
         if ocr is not None and ocr_unit == "step":  # after k: the drawn step is one of the row's latent steps
             ds = ds.map_with_index(functools.partial(_assign_ocr_step, seed=seed, epoch_size=len(items)))
         ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
+        if exact is not None:
+            return _exact_data(ds, exact, cur, assemble, stage=stage, tok=tok, mode=mode, ocr=ocr,
+                               lengths=lengths, max_len=max_len, batch_size=batch_size, grad_accum=grad_accum,
+                               shard_count=shard_count, drop_remainder=drop_remainder, num_threads=num_threads,
+                               num_workers=num_workers)
         ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
         if pack:
             if pack_batch == "examples":
@@ -295,6 +339,29 @@ def make_stage_dataset(
                          rebuild=assemble)
 
     return assemble(curriculum)
+
+
+def _exact_data(ds: grain.MapDataset, exact: Mapping[str, Any], cur: Curriculum | None, rebuild: Any, *, stage: str,
+                tok: Tokenizer, mode: str, ocr: Any, lengths: Sequence[int], max_len: int, batch_size: int,
+                grad_accum: int, shard_count: int, drop_remainder: bool, num_threads: int,
+                num_workers: int) -> StageData:
+    # data.pack_batch=exact (`data.exact_rows`): the padded batches, each micro-batch's examples packed into r rows.
+    rows = exact["rows"]
+    groups = ds.batch(batch_size // grad_accum, drop_remainder=drop_remainder, batch_fn=list)
+    groups = groups.map(functools.partial(_pack_items, stage=stage, tok=tok, mode=mode, ocr=ocr, plan=exact["plan"],
+                                          rows=rows, max_len=max_len, slots=exact["slots"],
+                                          slot_pads=exact["slot_pads"]))
+    batches = groups.batch(grad_accum, drop_remainder=drop_remainder, batch_fn=concat_groups)
+
+    def from_batch(start: int) -> Any:
+        tail = batches[start:] if start else batches
+        return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
+
+    step_rows = rows * grad_accum * shard_count
+    epoch_steps = len(lengths) / (batch_size * shard_count)
+    stats = PackStats(len(lengths), int(sum(lengths)), max_len, rows=max(1, round(epoch_steps * step_rows)))
+    return StageData(from_batch, step_rows, shard_count, packed=True, examples=len(lengths), pack=stats,
+                     curriculum=cur, rebuild=rebuild, pack_batch="exact", batch_examples=batch_size * shard_count)
 
 
 ROW_MULTIPLE = 16
@@ -372,8 +439,17 @@ class StageData:
 
     @property
     def examples_per_step(self) -> float:
-        """Examples one global batch holds: batch size x examples a packed row holds (on average over an epoch)."""
+        """Examples one global batch holds: batch size x examples a packed row holds (on average over an epoch;
+        exactly the padded batch under pack_batch=exact)."""
+        if self.pack_batch == "exact":
+            return float(self.batch_examples)
         return self.global_batch * (self.pack.examples_per_row if self.packed and self.pack else 1.0)
+
+    @property
+    def by_batch(self) -> bool:
+        """Whether the data position is a count of global batches (padded, and packed under pack_batch=exact), which
+        resumes on any number of processes; else grain's packer state (module docstring)."""
+        return not self.packed or self.pack_batch == "exact"
 
     def __iter__(self) -> StageIterator:
         if self.curriculum is not None and not self.curriculum.scheduled:
@@ -401,7 +477,7 @@ class StageIterator:
     def get_state(self) -> dict[str, Any]:
         d = self._data
         state: dict[str, Any] = {"global_batches": self._read, "global_batch_size": d.global_batch}
-        if d.packed:
+        if not d.by_batch:
             state |= {"shard_count": d.shard_count, "packed": self._it.get_state()}
         return state
 
@@ -410,6 +486,13 @@ class StageIterator:
         if "global_batches" not in state:  # a checkpoint from before global batches: grain's own state
             self._it.set_state(state)
             return
+        if int(state["global_batch_size"]) != d.global_batch and d.pack_batch == "exact":
+            raise ConfigError(
+                f"the checkpointed data position counts steps of {state['global_batch_size']} packed rows, this "
+                f"run's take {d.global_batch}: under data.pack_batch=exact the rows a step takes are the most any "
+                "micro-batch of the run needs (data.exact_rows), which follows the examples, batch_size, grad_accum, "
+                "the data-parallel devices and the stage's length (num_steps / num_epochs). Resume with the values "
+                "the stage started with, or start the stage over in a new --workdir")
         if int(state["global_batch_size"]) != d.global_batch and d.packed and d.pack_batch == "examples":
             raise ConfigError(
                 f"the checkpointed data position counts steps of {state['global_batch_size']} packed rows, this "
@@ -426,7 +509,7 @@ class StageIterator:
                 f"Rerun with that batch size and --set run.allow_config_change=true (the workdir's config.yaml now "
                 "records the new one), or start the stage over in a new --workdir")
         self._read = int(state["global_batches"])
-        if not d.packed:
+        if d.by_batch:
             self._it = iter(d._make(self._read))
             return
         if int(state["shard_count"]) != d.shard_count:

@@ -22,9 +22,11 @@ def matched_budget(cfg: Config) -> tuple[dict[str, float], bool]:
     as many training examples (steps x batch_size summed over those stages, divided by their own batch
     size); in epochs (the paper recipe), the sum of the stages' epochs. Align counts in full although it
     trains only the projectors: the baselines get the larger budget."""
-    if cfg.data.pack:  # a packed row holds several examples, more of the short Direct-SFT ones than CoT ones
-        raise ValueError("--matched-baselines counts training examples as rows, which data.pack=true breaks; "
-                         "run it with --set data.pack=false")
+    if cfg.data.pack and cfg.data.pack_batch != "exact":
+        # a packed row holds several examples, more of the short Direct-SFT ones than CoT ones: only exact steps
+        # (data.pack_batch=exact, batch_size examples a step) count examples as padded steps do
+        raise ValueError("--matched-baselines counts training examples as padded steps, which data.pack=true breaks "
+                         "unless data.pack_batch=exact; run it with --set data.pack_batch=exact or data.pack=false")
     t = cfg.train
     chain = [("train.align", t.align), ("train.sft", t.sft)]
     if not cfg.init_from:

@@ -90,20 +90,27 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
     counted in num_steps runs as many steps packed, each over more examples. Under `data.pack_batch=examples` a packed
     step is R rows holding about batch_size examples (`data.packing.rows_for_examples`, R a multiple of grad_accum x
     `mesh`'s data-parallel devices, as the stage picks it): about as many steps as padded, each R / batch_size of the
-    padded step's FLOPs (`packed_row_share`; the FLOPs and the roofline time of a step scale with its rows)."""
+    padded step's FLOPs (`packed_row_share`; the FLOPs and the roofline time of a step scale with its rows). Under
+    `exact` a step is the padded step's batch_size examples in the rows its fullest micro-batch needs
+    (`exact_step_rows`): the padded steps, each of R / batch_size of the FLOPs."""
     from dlr_jax.data.packing import pack_stats, rows_for_examples
 
     max_len = cfg.data.max_len
-    if cfg.data.pack_batch == "examples":
-        multiple = tcfg.grad_accum
-        if mesh is not None:
-            from dlr_jax.stages.common import row_multiple
+    multiple = tcfg.grad_accum
+    if mesh is not None:
+        from dlr_jax.stages.common import row_multiple
 
-            multiple = row_multiple(tcfg, mesh, cfg.mesh.rules, processes=1)
+        multiple = row_multiple(tcfg, mesh, cfg.mesh.rules, processes=1)
+    if cfg.data.pack_batch == "examples":
         rows, stats = rows_for_examples(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed, multiple=multiple)
+    elif cfg.data.pack_batch == "exact":
+        rows, stats = exact_step_rows(lengths.lengths, max_len, tcfg.batch_size, tcfg.grad_accum, multiple,
+                                      cfg.run.seed)
     else:
         rows, stats = tcfg.batch_size, pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
     steps = stats.steps(tcfg.num_epochs, rows, packed=True, examples=n) if tcfg.num_epochs > 0 else padded_steps
+    if cfg.data.pack_batch == "exact":  # a step is the padded step's examples: as many steps
+        steps = padded_steps
     share = rows / tcfg.batch_size
     out = {"data_pack": cfg.data.pack, "pack_batch": cfg.data.pack_batch, "packed_rows_per_step": rows,
            "packed_row_share": share, "examples_per_row": stats.examples_per_row,
@@ -116,6 +123,27 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
             out |= packed_ocr_step(cfg, lengths, mesh)
             flops_per_step = out["flops_per_step_packed"]
     return out | {"stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step * share}
+
+
+def exact_step_rows(lengths: Any, max_len: int, batch_size: int, grad_accum: int, multiple: int,
+                    seed: int) -> tuple[int, Any]:
+    """(rows a step, the epoch's `PackStats` in those rows) under `data.pack_batch=exact` (`data.exact_rows`): the
+    most rows first-fit-decreasing needs for any micro-batch of one seeded shuffled epoch of `lengths` (a measured
+    sample: the run replays every batch it reads, so its rows can be a little more), in multiples of
+    multiple / grad_accum, times grad_accum."""
+    import numpy as np
+
+    from dlr_jax.data.exact_rows import rows_needed
+    from dlr_jax.data.packing import PackStats
+
+    lengths = np.asarray(lengths, np.int64)
+    lengths = lengths[lengths <= max_len]
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    per = max(1, multiple // grad_accum)
+    group = max(1, batch_size // grad_accum)
+    rows = -(-rows_needed(lengths[order], group, max_len) // per) * per * grad_accum
+    epoch_rows = max(1, round(len(lengths) / batch_size * rows))
+    return rows, PackStats(len(lengths), int(lengths.sum()), max_len, rows=epoch_rows)
 
 
 def packed_ocr_step(cfg: Config, lengths: Lengths, mesh: Mesh | None = None) -> dict[str, Any]:

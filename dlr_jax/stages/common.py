@@ -191,29 +191,50 @@ def row_multiple(tcfg: Any, mesh: Mesh, rules: str, processes: int | None = None
     return tcfg.grad_accum * math.lcm(nproc, dp) // nproc
 
 
+def horizon_steps(tcfg: Any, n: int) -> int:
+    """The global batches a stage reads, counted as padded (`resolve_schedule` without packing): what
+    `data.pack_batch=exact` sizes its rows on (`data.exact_rows`)."""
+    from dlr_jax.data.protocol import steps_for_epochs
+
+    return steps_for_epochs(tcfg.num_epochs, n, tcfg.batch_size) if tcfg.num_epochs > 0 else tcfg.num_steps
+
+
+def data_kwargs(cfg: Any, tcfg: Any, mesh: Mesh, n: int) -> dict[str, Any]:
+    """`make_stage_dataset`'s packing arguments from the config: data.pack, data.pack_batch, and what the data
+    chooses rows by (`row_multiple`; under pack_batch=exact also grad_accum and the stage's length)."""
+    return {"pack": cfg.data.pack, "pack_batch": cfg.data.pack_batch if cfg.data.pack else "rows",
+            "row_multiple": row_multiple(tcfg, mesh, cfg.mesh.rules), "grad_accum": tcfg.grad_accum,
+            "horizon_steps": horizon_steps(tcfg, n)}
+
+
 def packed_batch(tcfg: Any, data: Any) -> tuple[Any, int | None]:
     """(`tcfg` with batch_size = the rows a step of `data` takes, the examples a step was sized to hold): under
     `data.pack_batch=examples` the data chose the rows (`data.packing.rows_for_examples`: about batch_size examples
-    a step), and every step count and the Trainer's batch are in those rows; otherwise (tcfg, None)."""
-    if not data.packed or data.pack_batch != "examples":
+    a step), under `exact` the rows every step's batch_size examples fit (`data.exact_rows`), and the Trainer's
+    batch is in those rows; otherwise (tcfg, None)."""
+    if not data.packed or data.pack_batch not in ("examples", "exact"):
         return tcfg, None
     return dataclasses.replace(tcfg, batch_size=data.global_batch), data.batch_examples
 
 
 def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_step: int | None = None,
-                     pack: Any = None, batch_examples: int | None = None) -> Any:
+                     pack: Any = None, batch_examples: int | None = None, pack_batch: str = "examples") -> Any:
     """`tcfg` with num_steps set from num_epochs (when > 0): ceil(num_epochs * n / per_step), per_step
     defaulting to the batch size. `pack`: packed data's `data.packing.PackStats`; a step's rows then hold
     pack.examples_per_row examples each, so an epoch is that many times fewer steps (fewer rows a step, under
     `data.pack_batch=examples`: tcfg.batch_size is then the rows `packed_batch` set, and `batch_examples` the
-    examples a step was sized to hold, recorded). Written to <workdir>/<stage>/schedule.json so a run says what it
+    examples a step was sized to hold, recorded; under `exact` a step is batch_examples examples, as many steps as
+    padded). Written to <workdir>/<stage>/schedule.json so a run says what it
     did."""
     from dlr_jax.data.protocol import steps_for_epochs
 
     if tcfg.num_epochs <= 0:
         return tcfg
     per_step = per_step or tcfg.batch_size
-    if pack is not None:
+    if pack is not None and pack_batch == "exact":  # a step is the padded step's examples: so are the steps
+        steps = steps_for_epochs(tcfg.num_epochs, n, batch_examples)
+        what = f"{batch_examples} examples in {per_step} packed rows"
+    elif pack is not None:
         steps = pack.steps(tcfg.num_epochs, per_step, packed=True, examples=n)
         what = f"{per_step} packed rows of {pack.examples_per_row:.2f} examples on average"
     else:
@@ -230,7 +251,7 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
         if pack is not None:
             info["packed"] = pack.to_dict()
         if batch_examples is not None:
-            info |= {"pack_batch": "examples", "batch_examples": batch_examples}
+            info |= {"pack_batch": pack_batch, "batch_examples": batch_examples}
         write_text_atomic(d / "schedule.json", json.dumps(info, indent=2) + "\n")
     return dataclasses.replace(tcfg, num_steps=steps)
 
@@ -240,7 +261,11 @@ def describe_rows(stage: str, data: Any) -> None:
     p = data.pack
     if p is None:
         return
-    if data.packed and data.pack_batch == "examples":
+    if data.packed and data.pack_batch == "exact":
+        print(f"[{stage}] packed: the {data.batch_examples} examples of a padded step in {data.global_batch} rows of "
+              f"{p.max_len}, {100 * p.packed_efficiency:.0f}% of tokens real (padded rows: "
+              f"{100 * p.padded_efficiency:.0f}%)", flush=True)
+    elif data.packed and data.pack_batch == "examples":
         print(f"[{stage}] packed: {data.global_batch} rows of {p.max_len} a step hold "
               f"{data.examples_per_step:.1f} examples on average (padded: {data.batch_examples} rows), "
               f"{100 * p.packed_efficiency:.0f}% of tokens real (padded rows: {100 * p.padded_efficiency:.0f}%)",

@@ -140,15 +140,15 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
     model = make_model(cfg, workdir, tok, mesh)
     data = make_stage_dataset(
         stage, train, tok, batch_size=local_batch(tcfg.batch_size), max_len=cfg.data.max_len,
-        seed=cfg.run.seed, latents=latents, pack=cfg.data.pack, num_workers=cfg.data.num_workers,
+        seed=cfg.run.seed, latents=latents, num_workers=cfg.data.num_workers,
         vocab_size=model.vocab_size, curriculum=curriculum, pad_to=cfg.data.pad_to,
         **(branch.data_kwargs() if branch is not None else {}),
-        pack_batch=cfg.data.pack_batch, row_multiple=common.row_multiple(tcfg, mesh, cfg.mesh.rules),
+        **common.data_kwargs(cfg, tcfg, mesh, len(train)),
     )
     tcfg, batch_examples = common.packed_batch(tcfg, data)  # data.pack_batch=examples: the rows the data chose
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None,
-                                  batch_examples=batch_examples)
+                                  batch_examples=batch_examples, pack_batch=data.pack_batch)
     data = data.schedule_curriculum(tcfg.num_steps)
     common.describe_rows(stage, data)
     loss = functools.partial(common.lm_loss, vocab_mask=model.vocab_mask(), reduction=tcfg.loss_reduction)

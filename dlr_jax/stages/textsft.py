@@ -56,16 +56,15 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         max_len=cfg.data.max_len,
         seed=cfg.run.seed,
         mode=MODES[mode],
-        pack=cfg.data.pack,
         num_workers=cfg.data.num_workers,
         vocab_size=model.cfg.vocab_size,
         pad_to=cfg.data.pad_to,
-        pack_batch=cfg.data.pack_batch, row_multiple=common.row_multiple(tcfg, mesh, cfg.mesh.rules),
+        **common.data_kwargs(cfg, tcfg, mesh, len(train)),
     )
     tcfg, batch_examples = common.packed_batch(tcfg, data)  # data.pack_batch=examples: the rows the data chose
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)
     tcfg = common.resolve_schedule(tcfg, len(train), workdir, stage, pack=data.pack if data.packed else None,
-                                  batch_examples=batch_examples)
+                                  batch_examples=batch_examples, pack_batch=data.pack_batch)
     common.describe_rows(stage, data)
     print(f"[{stage}] {common.count_params(model):,} params, {data.examples:,} of {len(train):,} examples "
           f"(those that fit data.max_len={cfg.data.max_len})", flush=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+import pytest
+
 from dlr_jax.bench import common, pack
 from dlr_jax.convert import smollm2
 
@@ -29,16 +31,21 @@ def test_pack_section_at_toy_size():
     assert pack.check_arguments(argparse.Namespace(pack_steps=0)) == "--pack-steps must be >= 1, got 0"
 
 
-def test_pack_batch_examples_packs_the_batch_into_fewer_rows():
-    """`--pack-set data.pack=true --pack-set data.pack_batch=examples`: the packed side takes the rows the data
-    chooses (about batch_size examples in fewer rows), not batch_size rows, and the section says so."""
-    sets = [*TOY, "train.sft.batch_size=8", "data.pack=true", "data.pack_batch=examples"]
+@pytest.mark.parametrize("mode", ["examples", "exact"])
+def test_pack_batch_examples_packs_the_batch_into_fewer_rows(mode):
+    """`--pack-set data.pack=true --pack-set data.pack_batch=examples|exact`: the packed side takes the rows the data
+    chooses (about, or exactly, batch_size examples in fewer rows), not batch_size rows, and the section says so."""
+    sets = [*TOY, "train.sft.batch_size=8", "data.pack=true", f"data.pack_batch={mode}"]
     args = argparse.Namespace(pack_config=common.TINY_CONFIG, pack_set=sets, pack_steps=2, start_load=0.0,
                               allow_load=False)
     res = pack.bench_pack(args, log=lambda _: None)
     assert res.batch == 8 and 0 < res.packed_rows < 8
     assert res.sequences["padded"] == [8, 8] and all(abs(s - 8) <= 4 for s in res.sequences["packed"])
-    assert f"{res.packed_rows} rows a step hold about 8 examples" in pack.render_pack(res, "cmd", INFO)
+    if mode == "exact":
+        assert res.sequences["packed"] == [8, 8]
+    about = "exactly" if mode == "exact" else "about"
+    assert f"`data.pack_batch={mode}`: {res.packed_rows} rows a step hold {about} 8 examples" in \
+        pack.render_pack(res, "cmd", INFO)
 
 
 def test_smollm2_tokenizer_makes_gsm8k_aug_examples_shorter(data_dir):

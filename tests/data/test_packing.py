@@ -1,5 +1,7 @@
 """`data.packing` replays grain's first-fit packer: the rows it counts are the rows the packed pipeline makes."""
 
+from pathlib import Path
+
 import grain
 import numpy as np
 import pytest
@@ -117,12 +119,16 @@ def test_pack_batch_examples_holds_a_padded_batch_in_fewer_rows(stage, many):
 
 
 def test_pack_batch_examples_needs_packing(setup):
-    from dlr_jax.config import ConfigError
+    from dlr_jax.config import ConfigError, load_config
     from dlr_jax.config.root import DataConfig
+    from dlr_jax.stages.common import data_kwargs, make_mesh_for
 
     examples, tok, table = setup
-    with pytest.raises(ConfigError, match=r"data\.pack_batch=examples .*data\.pack=true"):
-        DataConfig(pack_batch="examples")
+    # read only when packed: `--set data.pack=false` on a config that packs (the paper's) trains padded rows
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "configs" / "qwen3-4b.yaml", ["data.pack=false", "mesh.fsdp=1"])
+    assert cfg.data.pack_batch == "exact" and not cfg.data.pack
+    assert data_kwargs(cfg, cfg.train.sft, make_mesh_for(cfg), 100)["pack_batch"] == "rows"
     with pytest.raises(ConfigError, match="data.pack_batch must be rows|examples"):
         DataConfig(pack=True, pack_batch="tokens")
     assert DataConfig().pack_batch == "rows" and DataConfig(pack=True, pack_batch="examples").pack

@@ -251,8 +251,10 @@ def test_matched_baselines_train_the_text_sfts_on_dlr_sft_s_budget(tmp_path):
         matched_budget(_tiny("train.align.num_epochs=1"))
     with pytest.raises(ValueError, match="main experiment"):
         experiment("no_rl", _tiny(), matched=True)
-    with pytest.raises(ValueError, match="data.pack=false"):  # a packed row is several examples
+    with pytest.raises(ValueError, match="data.pack_batch=exact or data.pack=false"):  # a row is several examples
         matched_budget(_tiny("data.pack=true"))
+    # exact packed steps hold batch_size examples, as padded ones: the same budget
+    assert matched_budget(_tiny("data.pack=true", "data.pack_batch=exact")) == matched_budget(_tiny())
 
 
 def test_steps_link_from_main_and_skip_what_is_done(tmp_path):

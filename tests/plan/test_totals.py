@@ -82,3 +82,16 @@ def test_packed_steps_of_batch_size_examples_are_as_many_as_padded_on_fewer_rows
         assert "stage_roofline_s_packed" not in totals.stage_times(r | {"roofline_step_s": 0.5})
     rows_mode = by_hand("sft", length, "data.pack=true")  # batch_size rows a step: fewer, fuller steps
     assert rows_mode["packed_rows_per_step"] == 16 and rows_mode["stage_steps_packed"] == rows_mode_steps
+
+
+@pytest.mark.parametrize(("length", "rows"), [(64, 4), (100, 8), (200, 16)])
+def test_exact_packed_steps_are_the_padded_steps_on_the_rows_a_batch_needs(length, rows):
+    # data.pack_batch=exact: every step holds the padded step's 16 examples, packed first-fit-decreasing into the rows
+    # its micro-batch needs (4 of 64 tokens a row of 256: 4 rows; 2 of 100: 8; 1 of 200: 16): the padded 38 steps
+    r = by_hand("sft", length, "data.pack=true", "data.pack_batch=exact")
+    assert r["pack_batch"] == "exact" and r["packed_rows_per_step"] == rows
+    assert r["stage_steps"] == r["stage_steps_packed"] == 38
+    assert r["stage_total_flops_packed"] == pytest.approx(38e12 * rows / 16)
+    # two micro-batches of 8 packed apart, each in half the rows: the same step
+    accum = by_hand("sft", length, "data.pack=true", "data.pack_batch=exact", "train.sft.grad_accum=2")
+    assert accum["packed_rows_per_step"] == rows and accum["stage_steps_packed"] == 38

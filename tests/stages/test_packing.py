@@ -447,3 +447,60 @@ def test_stages_train_on_packed_steps_of_batch_size_examples_and_resume(tmp_path
                        .splitlines()] for w in ("whole", "resumed"))
     np.testing.assert_allclose([r["loss"] for r in resumed], [r["loss"] for r in whole], rtol=1e-5)
     assert [r["sequences"] for r in resumed] == [r["sequences"] for r in whole]
+
+
+def test_exact_packing_trains_the_padded_run_step_for_step(tmp_path, capsys):
+    """data.pack_batch=exact: each step's batch_size examples packed (each grad_accum micro-batch apart) into the rows
+    the run's fullest micro-batch needs: the same steps, losses and examples a step as the padded run, in fewer rows;
+    stopped part way, it resumes to the uninterrupted run's steps."""
+    from dlr_jax.stages import align, sft, textsft
+
+    accum = [*(f"train.{s}.grad_accum=2" for s in ("textsft", "align", "sft")), "train.align.loss_reduction=sum"]
+    runs = {"padded": [*MICRO, *accum, "data.pack=false"], "exact": [*MICRO, *accum, "data.pack_batch=exact"]}
+    for name, overrides in runs.items():
+        cfg = load_config(ROOT / "configs" / "tiny.yaml", overrides)
+        textsft.run(cfg, tmp_path / name, "cot")
+        align.run(cfg, tmp_path / name, num_steps=4 if name == "exact" else None)
+        if name == "exact":
+            align.run(cfg, tmp_path / name)
+        sft.run(cfg, tmp_path / name)
+    out = capsys.readouterr().out
+    assert "[align] resumed from step 4" in out
+    for stage in ("textsft_cot", "align", "sft"):
+        metrics = {name: [json.loads(line) for line in (tmp_path / name / stage / "metrics.jsonl").read_text()
+                          .splitlines()] for name in runs}
+        schedule = json.loads((tmp_path / "exact" / stage / "schedule.json").read_text())
+        padded_schedule = json.loads((tmp_path / "padded" / stage / "schedule.json").read_text())
+        assert schedule["pack_batch"] == "exact" and schedule["batch_examples"] == 8
+        assert schedule["num_steps"] == padded_schedule["num_steps"] == len(metrics["exact"]) > 4
+        assert schedule["per_step"] < 8, schedule  # rows a step: fewer than the padded step's 8
+        assert f"[{stage}] packed: the 8 examples of a padded step in {schedule['per_step']} rows of 256" in out
+        assert [r["sequences"] for r in metrics["exact"]] == [r["sequences"] for r in metrics["padded"]]
+        assert all(r["sequences"] == 8 for r in metrics["exact"])
+        assert [r["tokens"] for r in metrics["exact"]] == [r["tokens"] for r in metrics["padded"]]
+        np.testing.assert_allclose([r["loss"] for r in metrics["exact"]], [r["loss"] for r in metrics["padded"]],
+                                   rtol=1e-5, err_msg=stage)
+
+
+@pytest.mark.parametrize("unit", ["chain", "step"])
+def test_exact_packed_dual_branch_steps_give_the_padded_steps_loss_and_gradients(unit, setup, dual):
+    """sft's dual branch under data.pack_batch=exact: step j's packed rows (one OCR slot a segment, empty rows
+    included) give padded step j's LM and OCR loss and gradients."""
+    examples, tok, chain, _, _ = setup
+    model, trainable = dual
+    table = chain if unit == "chain" else _step_table(examples)
+    kw = dict(batch_size=6, max_len=MAX_LEN, seed=1, latents=table, shard_index=0, shard_count=1, num_threads=0,
+              ocr_text_len=OCR_LEN, ocr_unit=unit)
+    padded = iter(make_stage_dataset("sft", examples, tok, **kw))
+    exact = make_stage_dataset("sft", examples, tok, pack=True, pack_batch="exact", horizon_steps=3, **kw)
+    assert exact.global_batch < 6
+    for j, b in enumerate(exact):
+        if j == 3:
+            break
+        a = next(padded)
+        loss_a, met_a, grads_a = _dual_loss_and_grads(model, trainable, a, "mean")
+        loss_b, met_b, grads_b = _dual_loss_and_grads(model, trainable, b, "mean")
+        assert met_a["ocr_chars"] == met_b["ocr_chars"] > 0
+        np.testing.assert_allclose([loss_b, met_b["ocr_ce"]], [loss_a, met_a["ocr_ce"]], rtol=TOL, atol=TOL)
+        for (path, ga), (_, gb) in zip(nnx.to_flat_state(grads_a), nnx.to_flat_state(grads_b), strict=True):
+            np.testing.assert_allclose(np.asarray(gb), np.asarray(ga), rtol=TOL, atol=TOL, err_msg=f"{j} {path}")
