@@ -178,7 +178,7 @@ def bench_pack(args: argparse.Namespace, log: Callable[[str], None] = print, tok
     return PackResult(config_name, tuple(args.pack_set), model, params, tcfg.batch_size, cfg.data.max_len,
                       n, step_s, seqs, real, first, tokenizer, tokenizer_source(tokenizer, cfg), entries,
                       tok.text_vocab_size, tok.total_vocab_size, tokens, loads, packed_rows=rows["packed"],
-                      pack_batch=cfg.data.pack_batch if cfg.data.pack else "rows")
+                      pack_batch=cfg.data.pack_batch)
 
 
 def tokenizer_source(tokenizer: str, cfg: Any) -> str:

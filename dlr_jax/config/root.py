@@ -63,17 +63,16 @@ class DataConfig:
     gsm8k_cot: str = "equations"
     num_workers: int = 0  # grain worker processes (0 = in-process)
     # Several examples a row (textsft, align, sft; its dual branch gets one OCR row per segment, data/ocr_rows.py):
-    # grain's first-fit packer, segment ids keep each example's attention and loss its own, so a step trains what
-    # padded rows would (tests/stages/test_packing.py); an epoch (num_epochs) is then fewer steps, counted from the
-    # examples' lengths (data/packing.py)
+    # segment ids keep each example's attention and loss its own, so a row trains what padded rows would
+    # (tests/stages/test_packing.py); how many examples a step then holds: pack_batch
     pack: bool = False
-    # What a packed step's train.<stage>.batch_size counts (read only with pack=true): "rows" = rows of max_len,
-    # so a step holds examples_per_row times more examples than padded and an epoch is that many times fewer, larger
-    # steps; "examples" = the examples a step holds on average, in round(batch_size / examples_per_row) rows, so the
-    # optimization (batch in examples, steps an epoch) is the padded recipe's and only the pad tokens go away;
-    # "exact" = every step holds exactly the padded step's batch_size examples (each micro-batch's examples packed
-    # into as many rows as the run's fullest micro-batch needs, data/exact_rows.py), so packed training is the padded
-    # run step for step
+    # What a packed step's train.<stage>.batch_size counts (read only with pack=true): "rows" = rows of max_len
+    # (grain's first-fit packer), so a step holds examples_per_row times more examples than padded and an epoch is
+    # that many times fewer, larger steps; "examples" = the examples a step holds on average, in
+    # round(batch_size / examples_per_row) rows, so the optimization (batch in examples, steps an epoch) is the padded
+    # recipe's and only the pad tokens go away; "exact" = every step holds exactly the padded step's batch_size
+    # examples (each micro-batch's examples packed into as many rows as the run's fullest micro-batch needs,
+    # data/exact_rows.py), so packed training is the padded run step for step
     pack_batch: str = "rows"
     # The data protocol (dlr_jax/data/protocol.py), recorded in <workdir>/data_protocol.json.
     # rl_split: part of train_split held out for stage rl; SFT-side stages (textsft, sft; align unless

@@ -5,7 +5,8 @@ the same step's examples are packed instead of padded: each process's batch is c
 groups (the examples of one padded micro-batch), and each group is packed first-fit-decreasing into `rows` rows of
 max_len tokens, the rows it does not fill left empty (segment 0: no loss, no OCR row). `rows` is fixed for the run
 (no recompiles): the most rows any group of the run needs, found by replaying the packer on the examples' lengths in
-the stream's order (`rows_needed`). So packed step j holds padded step j's examples, micro-batch by micro-batch,
+the stream's order (`rows_needed`), as is the dual branch's OCR slots a row (the most segments a row gets). So
+packed step j holds padded step j's examples, micro-batch by micro-batch,
 and since every loss is a sum over targets (`stages.common.lm_loss`; the dual branch's OCR terms per segment slot,
 `data.ocr_rows`), a packed run trains what the padded run trains, step for step, on fewer and fuller rows.
 
@@ -50,13 +51,15 @@ def stream_lengths(lengths: Sequence[int], seed: int, num_epochs: int | None, co
     return np.fromiter((ds[i] for i in range(count)), np.int64, count)
 
 
-def rows_needed(stream: np.ndarray, group: int, max_len: int) -> int:
-    """The most rows first-fit-decreasing needs for any `group` consecutive elements of `stream` (the groups the
-    pipeline packs: every process's batch is consecutive groups of the global stream)."""
-    most = 1
+def rows_needed(stream: np.ndarray, group: int, max_len: int) -> tuple[int, int]:
+    """(the most rows first-fit-decreasing needs for any `group` consecutive elements of `stream`, the most sequences
+    it puts in one row): the groups the pipeline packs (every process's batch is consecutive groups of the global
+    stream), and how many OCR slots a row of them needs (sft's dual branch: one a segment)."""
+    rows = segments = 1
     for start in range(0, len(stream), group):
-        most = max(most, len(ffd_bins(stream[start:start + group].tolist(), max_len)))
-    return most
+        bins = ffd_bins(stream[start:start + group].tolist(), max_len)
+        rows, segments = max(rows, len(bins)), max(segments, *map(len, bins), 1)
+    return rows, segments
 
 
 def pack_group(seqs: Sequence[Mapping[str, np.ndarray]], plan_lengths: Sequence[int], *, rows: int, max_len: int,
@@ -68,7 +71,8 @@ def pack_group(seqs: Sequence[Mapping[str, np.ndarray]], plan_lengths: Sequence[
     bins = ffd_bins(plan_lengths, max_len)
     if len(bins) > rows:
         raise RuntimeError(f"a step's group of {len(seqs)} examples needs {len(bins)} packed rows, more than the "
-                           f"{rows} planned for the run (data.exact_rows.rows_needed): a bug, please report it")
+                           f"{rows} the run's batches need (data.exact_rows.rows_needed over horizon_steps): the run "
+                           "reads past the batches its rows were sized on")
     out = {"tokens": np.full((rows, max_len), pad_id, np.int32), "loss_mask": np.zeros((rows, max_len), np.int32),
            "segment_ids": np.zeros((rows, max_len), np.int32), "positions": np.zeros((rows, max_len), np.int32)}
     if slots:
@@ -78,7 +82,8 @@ def pack_group(seqs: Sequence[Mapping[str, np.ndarray]], plan_lengths: Sequence[
         out["ocr_segment_ids"] = np.zeros((rows, slots), np.int32)
     for r, members in enumerate(bins):
         if slots and len(members) > slots:
-            raise ValueError(f"a packed row holds {len(members)} sequences, more than its {slots} OCR slots")
+            raise RuntimeError(f"a packed row holds {len(members)} sequences, more than the {slots} OCR slots the "
+                               "run's batches need: the run reads past the batches its rows were sized on")
         at = 0
         for s, i in enumerate(members):
             seq = seqs[i]

@@ -10,7 +10,8 @@
                                                                    (pack=True, pack_batch="exact": `exact_rows`)
     --> optional .mp_prefetch(num_workers)
 
-A batch is a dict of numpy arrays, each [batch_size, row width] int32 (packed: max_len):
+A batch is a dict of numpy arrays, each [rows, row width] int32 (rows = batch_size; packed: the rows the mode
+chooses, `StageData.global_batch` / processes; width max_len):
 
     tokens       token ids, right-padded with tok.pad_id
     loss_mask    1 where tokens[b, t] is a target (predicted from tokens[b, :t] of its segment)
@@ -37,8 +38,8 @@ Packed (`pack=True`), a row holds several examples, so these fields come per seg
 `ocr_segment_ids` [b, S] naming each slot's segment (0: unused, an empty row the OCR loss weighs 0); see
 `ocr_rows` for why.
 
-`batch_size` is the number of rows this iterator yields: the per-process batch. One data order for
-any topology: every process builds the same *global* stream (the length-filtered examples shuffled
+`batch_size` is the per-process batch (padded: the rows this iterator yields; packed: see pack_batch). One data
+order for any topology: every process builds the same *global* stream (the length-filtered examples shuffled
 with the seed, reshuffled every epoch) and global batch j is its elements [j G, (j + 1) G) with
 G = batch_size x shard_count; process p reads rows [p batch_size, (p + 1) batch_size) of it. So a
 global batch holds the same examples in the same order on 1 host or on 8.
@@ -271,12 +272,13 @@ def make_stage_dataset(
         for it, n in zip(items, lengths, strict=True):
             plan[it.example.id] = max(n, plan.get(it.example.id, 0))
         group, per = batch_size // grad_accum, max(1, row_multiple // grad_accum)
-        count = len(items) * num_epochs if horizon_steps is None else horizon_steps * batch_size * shard_count
+        # (+ a few batches: a consumer that reads one ahead of its last step still finds rows that fit)
+        count = len(items) * num_epochs if horizon_steps is None else (horizon_steps + 4) * batch_size * shard_count
         stream = stream_lengths([plan[it.example.id] for it in items], seed, num_epochs, count)
-        rows = -(-rows_needed(stream, group, max_len) // per) * per
-        slots, pads = slot_structs(ocr_slots(lengths, max_len), ocr_text_len, ocr[3]) if ocr is not None else ({}, {})
-        exact = {"plan": plan, "rows": rows, "slots": max(slots.values(), default=0),
-                 "slot_pads": {k: v for k, v in pads.items()} or None}
+        most, segments = rows_needed(stream, group, max_len)
+        rows = -(-most // per) * per
+        pads = slot_structs(segments, ocr_text_len, ocr[3])[1] if ocr is not None else None
+        exact = {"plan": plan, "rows": rows, "slots": segments if ocr is not None else 0, "slot_pads": pads}
 
     def assemble(cur: Curriculum | None) -> StageData:
         # A closure, so that StageData.schedule_curriculum can rebuild the stream once the stage knows its length.
@@ -448,7 +450,8 @@ class StageData:
     @property
     def by_batch(self) -> bool:
         """Whether the data position is a count of global batches (padded, and packed under pack_batch=exact), which
-        resumes on any number of processes; else grain's packer state (module docstring)."""
+        resumes on any number of processes and rows (exact: those follow the processes, the mesh and the run's
+        length); else grain's packer state (module docstring)."""
         return not self.packed or self.pack_batch == "exact"
 
     def __iter__(self) -> StageIterator:
@@ -477,6 +480,8 @@ class StageIterator:
     def get_state(self) -> dict[str, Any]:
         d = self._data
         state: dict[str, Any] = {"global_batches": self._read, "global_batch_size": d.global_batch}
+        if d.packed and d.by_batch:  # pack_batch=exact: rows follow the run's length and mesh, the examples do not
+            state["batch_examples"] = d.batch_examples
         if not d.by_batch:
             state |= {"shard_count": d.shard_count, "packed": self._it.get_state()}
         return state
@@ -486,14 +491,29 @@ class StageIterator:
         if "global_batches" not in state:  # a checkpoint from before global batches: grain's own state
             self._it.set_state(state)
             return
-        if int(state["global_batch_size"]) != d.global_batch and d.pack_batch == "exact":
-            raise ConfigError(
-                f"the checkpointed data position counts steps of {state['global_batch_size']} packed rows, this "
-                f"run's take {d.global_batch}: under data.pack_batch=exact the rows a step takes are the most any "
-                "micro-batch of the run needs (data.exact_rows), which follows the examples, batch_size, grad_accum, "
-                "the data-parallel devices and the stage's length (num_steps / num_epochs). Resume with the values "
-                "the stage started with, or start the stage over in a new --workdir")
-        if int(state["global_batch_size"]) != d.global_batch and d.packed and d.pack_batch == "examples":
+        if ("packed" in state) == d.by_batch:
+            kinds = ("a count of global batches (padded rows, or data.pack_batch=exact)",
+                     "grain's packer state (data.pack=true with data.pack_batch=rows|examples)")
+            then, now = (kinds[1], kinds[0]) if "packed" in state else kinds
+            raise ConfigError(f"the checkpointed data position is {then}, this run's data needs {now}: resume with "
+                              "the data.pack / data.pack_batch the stage started with, or start the stage over in a "
+                              "new --workdir")
+        if d.by_batch:
+            # Padded rows or exact packed steps: the position is global batches of batch_examples examples, whatever
+            # the rows (exact: another mesh or a longer schedule may pack them into more).
+            then = int(state.get("batch_examples", state["global_batch_size"]))
+            if then != d.batch_examples:
+                # A ConfigError (one line, exit 2) that says how back out: the workdir's config.yaml already holds
+                # the new value, so going back to the recorded one is itself a change.
+                raise ConfigError(
+                    f"the checkpointed data position counts batches of {then} (batch_size x processes), this run's "
+                    f"are {d.batch_examples}: a stage resumes with the batch size it started with. Rerun with that "
+                    "batch size and --set run.allow_config_change=true (the workdir's config.yaml now records the new "
+                    "one), or start the stage over in a new --workdir")
+            self._read = int(state["global_batches"])
+            self._it = iter(d._make(self._read))
+            return
+        if int(state["global_batch_size"]) != d.global_batch and d.pack_batch == "examples":
             raise ConfigError(
                 f"the checkpointed data position counts steps of {state['global_batch_size']} packed rows, this "
                 f"run's take {d.global_batch}: under data.pack_batch=examples the rows a step takes follow the "
@@ -501,17 +521,12 @@ class StageIterator:
                 "rows_for_examples). Resume with the mesh, grad_accum and batch_size the stage started with, or start "
                 "the stage over in a new --workdir")
         if int(state["global_batch_size"]) != d.global_batch:
-            # A ConfigError (one line, exit 2) that says how back out: the workdir's config.yaml already holds
-            # the new value, so going back to the recorded one is itself a change.
             raise ConfigError(
-                f"the checkpointed data position counts batches of {state['global_batch_size']} (batch_size x "
-                f"processes), this run's are {d.global_batch}: a stage resumes with the batch size it started with. "
-                f"Rerun with that batch size and --set run.allow_config_change=true (the workdir's config.yaml now "
-                "records the new one), or start the stage over in a new --workdir")
+                f"the checkpointed data position counts batches of {state['global_batch_size']} packed rows, this "
+                f"run's are {d.global_batch}: a stage resumes with the batch size it started with. Rerun with that "
+                f"batch size and --set run.allow_config_change=true (the workdir's config.yaml now records the new "
+                "one), or start the stage over in a new --workdir")
         self._read = int(state["global_batches"])
-        if d.by_batch:
-            self._it = iter(d._make(self._read))
-            return
         if int(state["shard_count"]) != d.shard_count:
             raise ValueError(f"packed data (data.pack=true) was checkpointed on {state['shard_count']} processes "
                              f"and cannot resume on {d.shard_count}: each process packs its own rows")

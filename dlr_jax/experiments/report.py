@@ -238,6 +238,11 @@ def recipe_hash(cfg: Any) -> str:
     """A short hash of the resolved config (file and `--set` list together): equal on two machines
     exactly when they train the same recipe, whatever path the config was given by."""
     d = to_dict(cfg)
+    data = d.get("data", {})
+    if data.get("pack") and data.get("pack_batch") == "exact":  # packed steps that train the padded run's steps
+        data["pack"] = False
+    if not data.get("pack", False):  # read only when packing
+        data.pop("pack_batch", None)
     for (section, key), default in LATER_KEYS.items():
         if d.get(section, {}).get(key, default) == default:
             d.get(section, {}).pop(key, None)

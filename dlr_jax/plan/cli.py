@@ -317,7 +317,7 @@ def format_plan(r: dict[str, Any]) -> str:
     if "stage_steps_packed" in r:
         ocr = (f" of {r['flops_per_step_packed']:.3e} FLOPs ({r['ocr_slots']} OCR rows a row)"
                if "flops_per_step_packed" in r else "")  # sft's dual branch: a packed step costs more
-        rows = (f" of {r['packed_rows_per_step']} rows" if r.get("pack_batch") == "examples" else "")
+        rows = (f" of {r['packed_rows_per_step']} rows" if r.get("pack_batch") in ("examples", "exact") else "")
         lines.append(f"  packed rows: {r['examples_per_row']:.2f} examples a row, {100 * r['packed_efficiency']:.0f}% "
                      f"of tokens real (padded: {100 * r['padded_efficiency']:.0f}%) -> {r['stage_steps_packed']:,} "
                      f"steps{rows}{ocr} = {_flops(r['stage_total_flops_packed'])} "

@@ -96,6 +96,7 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
     from dlr_jax.data.packing import pack_stats, rows_for_examples
 
     max_len = cfg.data.max_len
+    slots = None  # the dual branch's OCR slots a row: from the lengths, or (exact) from the replayed rows
     multiple = tcfg.grad_accum
     if mesh is not None:
         from dlr_jax.stages.common import row_multiple
@@ -104,8 +105,8 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
     if cfg.data.pack_batch == "examples":
         rows, stats = rows_for_examples(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed, multiple=multiple)
     elif cfg.data.pack_batch == "exact":
-        rows, stats = exact_step_rows(lengths.lengths, max_len, tcfg.batch_size, tcfg.grad_accum, multiple,
-                                      cfg.run.seed)
+        rows, stats, slots = exact_step_rows(lengths.lengths, max_len, tcfg.batch_size, tcfg.grad_accum, multiple,
+                                             cfg.run.seed)
     else:
         rows, stats = tcfg.batch_size, pack_stats(lengths.lengths, max_len, tcfg.batch_size, cfg.run.seed)
     steps = stats.steps(tcfg.num_epochs, rows, packed=True, examples=n) if tcfg.num_epochs > 0 else padded_steps
@@ -120,17 +121,17 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
         from dlr_jax.plan.programs import plans_dual_branch
 
         if plans_dual_branch(cfg):
-            out |= packed_ocr_step(cfg, lengths, mesh)
+            out |= packed_ocr_step(cfg, lengths, mesh, slots)
             flops_per_step = out["flops_per_step_packed"]
     return out | {"stage_steps_packed": steps, "stage_total_flops_packed": steps * flops_per_step * share}
 
 
 def exact_step_rows(lengths: Any, max_len: int, batch_size: int, grad_accum: int, multiple: int,
-                    seed: int) -> tuple[int, Any]:
-    """(rows a step, the epoch's `PackStats` in those rows) under `data.pack_batch=exact` (`data.exact_rows`): the
-    most rows first-fit-decreasing needs for any micro-batch of one seeded shuffled epoch of `lengths` (a measured
-    sample: the run replays every batch it reads, so its rows can be a little more), in multiples of
-    multiple / grad_accum, times grad_accum."""
+                    seed: int) -> tuple[int, Any, int]:
+    """(rows a step, the epoch's `PackStats` in those rows, the most segments a row) under `data.pack_batch=exact`
+    (`data.exact_rows`): the most rows first-fit-decreasing needs for any micro-batch of one seeded shuffled epoch of
+    `lengths` (a measured sample, on one process: the run replays every batch it reads, and more processes pack
+    smaller groups, so its rows can be a little more), in multiples of multiple / grad_accum, times grad_accum."""
     import numpy as np
 
     from dlr_jax.data.exact_rows import rows_needed
@@ -141,23 +142,29 @@ def exact_step_rows(lengths: Any, max_len: int, batch_size: int, grad_accum: int
     order = np.random.default_rng(seed).permutation(len(lengths))
     per = max(1, multiple // grad_accum)
     group = max(1, batch_size // grad_accum)
-    rows = -(-rows_needed(lengths[order], group, max_len) // per) * per * grad_accum
+    most, segments = rows_needed(lengths[order], group, max_len)
+    rows = -(-most // per) * per * grad_accum
     epoch_rows = max(1, round(len(lengths) / batch_size * rows))
-    return rows, PackStats(len(lengths), int(lengths.sum()), max_len, rows=epoch_rows)
+    return rows, PackStats(len(lengths), int(lengths.sum()), max_len, rows=epoch_rows), segments
 
 
-def packed_ocr_step(cfg: Config, lengths: Lengths, mesh: Mesh | None = None) -> dict[str, Any]:
-    """sft's dual branch on packed rows: S = `data.ocr_rows.ocr_slots` OCR rows a token row (from the measured
-    lengths, as the pipeline sizes them from its own), and the FLOPs of that step (`step_flops` on `mesh`, a
-    one-device CPU mesh when None: the count is of the global program, the same on any mesh)."""
+def packed_ocr_step(cfg: Config, lengths: Lengths, mesh: Mesh | None = None,
+                    slots: int | None = None) -> dict[str, Any]:
+    """sft's dual branch on packed rows: S OCR rows a token row (`data.ocr_rows.ocr_slots` from the measured lengths,
+    as the pipeline sizes them from its own; or `slots`, under data.pack_batch=exact the most segments a replayed
+    row held), and the FLOPs of that step (`step_flops` on `mesh`, a one-device CPU mesh when None: the count is of
+    the global program, the same on any mesh)."""
     from dlr_jax.data.ocr_rows import ocr_slots
 
-    slots = ocr_slots(lengths.lengths, cfg.data.max_len)
+    sampled = len(lengths.lengths) < lengths.population  # a sample's shortest may be longer than the data's
+    if slots is None:
+        slots = ocr_slots(lengths.lengths, cfg.data.max_len)
+        how = "data.ocr_rows.ocr_slots: max_len // the shortest " + ("measured " if sampled else "") + "sequence"
+    else:
+        how = "data.pack_batch=exact: the most segments a row of the replayed batches held"
     if mesh is None:
         mesh = target_mesh(TARGETS["cpu"], dict.fromkeys(MESH_AXES, 1))
-    sampled = len(lengths.lengths) < lengths.population  # a sample's shortest may be longer than the data's
-    note = (f"the dual branch's packed row computes {slots} OCR rows (data.ocr_rows.ocr_slots: max_len // the "
-            "shortest " + ("measured " if sampled else "") + "sequence), one per segment slot, unused slots "
+    note = (f"the dual branch's packed row computes {slots} OCR rows ({how}), one per segment slot, unused slots "
             "included: the packed step counts them")
     return {"ocr_slots": slots, "flops_per_step_packed": step_flops(cfg, "sft", mesh, ocr_slots=slots),
             "notes_packed": note}

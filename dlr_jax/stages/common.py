@@ -199,12 +199,13 @@ def horizon_steps(tcfg: Any, n: int) -> int:
     return steps_for_epochs(tcfg.num_epochs, n, tcfg.batch_size) if tcfg.num_epochs > 0 else tcfg.num_steps
 
 
-def data_kwargs(cfg: Any, tcfg: Any, mesh: Mesh, n: int) -> dict[str, Any]:
+def data_kwargs(cfg: Any, tcfg: Any, mesh: Mesh, n: int, stop: int | None = None) -> dict[str, Any]:
     """`make_stage_dataset`'s packing arguments from the config: data.pack, data.pack_batch, and what the data
-    chooses rows by (`row_multiple`; under pack_batch=exact also grad_accum and the stage's length)."""
+    chooses rows by (`row_multiple`; under pack_batch=exact also grad_accum and the batches the run reads: its
+    schedule, or `stop` (`--steps`) when that is further)."""
     return {"pack": cfg.data.pack, "pack_batch": cfg.data.pack_batch if cfg.data.pack else "rows",
             "row_multiple": row_multiple(tcfg, mesh, cfg.mesh.rules), "grad_accum": tcfg.grad_accum,
-            "horizon_steps": horizon_steps(tcfg, n)}
+            "horizon_steps": max(horizon_steps(tcfg, n), stop or 0)}
 
 
 def packed_batch(tcfg: Any, data: Any) -> tuple[Any, int | None]:

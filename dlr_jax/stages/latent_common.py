@@ -143,7 +143,7 @@ def train_latent_stage(cfg: Config, workdir: str | Path, stage: str, make_model,
         seed=cfg.run.seed, latents=latents, num_workers=cfg.data.num_workers,
         vocab_size=model.vocab_size, curriculum=curriculum, pad_to=cfg.data.pad_to,
         **(branch.data_kwargs() if branch is not None else {}),
-        **common.data_kwargs(cfg, tcfg, mesh, len(train)),
+        **common.data_kwargs(cfg, tcfg, mesh, len(train), num_steps),
     )
     tcfg, batch_examples = common.packed_batch(tcfg, data)  # data.pack_batch=examples: the rows the data chose
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)

@@ -59,7 +59,7 @@ def run(cfg: Config, workdir: str | Path, mode: str = "cot", *, num_steps: int |
         num_workers=cfg.data.num_workers,
         vocab_size=model.cfg.vocab_size,
         pad_to=cfg.data.pad_to,
-        **common.data_kwargs(cfg, tcfg, mesh, len(train)),
+        **common.data_kwargs(cfg, tcfg, mesh, len(train), num_steps),
     )
     tcfg, batch_examples = common.packed_batch(tcfg, data)  # data.pack_batch=examples: the rows the data chose
     # after the data: a packed epoch is fewer steps (its rows hold several examples each)

@@ -44,8 +44,8 @@ def test_first_fit_decreasing_by_hand():
     assert ffd_bins([], 8) == []
     with pytest.raises(ValueError, match="cannot be packed into rows of 8"):
         ffd_bins([9], 8)
-    # the most any group of 3 needs: [6, 6, 6] -> 3 rows, [1, 1, 1] -> 1
-    assert rows_needed(np.array([1, 1, 1, 6, 6, 6, 2]), 3, 10) == 3
+    # the most any group of 3 needs: [6, 6, 6] -> 3 rows, [1, 1, 1] -> 1 row of 3 segments
+    assert rows_needed(np.array([1, 1, 1, 6, 6, 6, 2]), 3, 10) == (3, 3)
 
 
 @pytest.mark.parametrize("stage", ["textsft", "align", "sft"])
@@ -65,7 +65,7 @@ def test_exact_steps_hold_the_padded_steps_examples_micro_batch_by_micro_batch(s
     # the rows are what the packer needs at most over those steps, replayed on the stream's lengths
     _, lengths, _ = fitting_items(stage, examples, tok, max_len=MAX_LEN, latents=table)
     stream = stream_lengths(lengths, 3, None, steps * B)
-    assert r == rows_needed(stream, B // accum, MAX_LEN)
+    assert r == rows_needed(stream, B // accum, MAX_LEN)[0]
 
 
 def test_rows_come_in_the_multiple_the_mesh_needs_and_empty_rows_are_padding(tok, examples, table):
@@ -122,16 +122,33 @@ def test_resumes_by_global_batches_and_refuses_other_rows(tok, examples, table):
     it = iter(make())
     _ = [next(it) for _ in range(23)]  # past an epoch boundary
     state = json.loads(json.dumps(it.get_state()))
-    assert state == {"global_batches": 23, "global_batch_size": make().global_batch}
+    assert state == {"global_batches": 23, "global_batch_size": make().global_batch, "batch_examples": B}
     tail = [next(it) for _ in range(5)]
     again = iter(make())
     again.set_state(state)
     for a, b in zip(tail, (next(again) for _ in range(5)), strict=True):
         assert all(np.array_equal(a[k], b[k]) for k in a)
-    other = make(row_multiple=7)  # another mesh: rows in multiples of 7
-    assert other.global_batch != make().global_batch
-    with pytest.raises(ConfigError, match=r"pack_batch=exact the rows a step takes are the most any micro-batch"):
-        iter(other).set_state(state)
+    # another mesh (rows in multiples of 7) or a longer run: other rows, the same examples from the same position
+    for other in (make(row_multiple=7), _exact("align", examples, tok, table, horizon_steps=400)):
+        it = iter(other)
+        it.set_state(state)
+        for a, b in zip(tail, (next(it) for _ in range(5)), strict=True):
+            assert _segments(a, range(len(a["tokens"]))) == _segments(b, range(len(b["tokens"])))
+    assert make(row_multiple=7).global_batch != make().global_batch
+    # another batch size: refused, as padded data refuses it, even where it packs into as many rows
+    bigger = make(batch_size=B + 2)
+    with pytest.raises(ConfigError, match=rf"counts batches of {B} .*this run's are {B + 2}: a stage resumes"):
+        iter(bigger).set_state(state)
+    # the padded run's position resumes exact steps (a count of global batches both); grain's packer state does not
+    padded = iter(_ds("align", examples, tok, table))
+    _ = [next(padded) for _ in range(23)]
+    it = iter(make())
+    it.set_state(json.loads(json.dumps(padded.get_state())))
+    assert _segments(next(it), range(make().global_batch)) == _segments(next(padded), range(B))
+    rows_mode = iter(_ds("align", examples, tok, table, pack=True))
+    next(rows_mode)
+    with pytest.raises(ConfigError, match=r"is grain's packer state .*this run's data needs a count of global batches"):
+        iter(make()).set_state(json.loads(json.dumps(rows_mode.get_state())))
 
 
 def test_errors(tok, examples, table):

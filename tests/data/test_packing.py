@@ -129,6 +129,10 @@ def test_pack_batch_examples_needs_packing(setup):
     cfg = load_config(root / "configs" / "qwen3-4b.yaml", ["data.pack=false", "mesh.fsdp=1"])
     assert cfg.data.pack_batch == "exact" and not cfg.data.pack
     assert data_kwargs(cfg, cfg.train.sft, make_mesh_for(cfg), 100)["pack_batch"] == "rows"
+    # exact rows are sized on the batches the run reads: its schedule (3 epochs of 100 at 64: 5), or --steps past it
+    packed = load_config(root / "configs" / "qwen3-4b.yaml", ["mesh.fsdp=1"])
+    assert data_kwargs(packed, packed.train.sft, make_mesh_for(packed), 100)["horizon_steps"] == 5
+    assert data_kwargs(packed, packed.train.sft, make_mesh_for(packed), 100, stop=40)["horizon_steps"] == 40
     with pytest.raises(ConfigError, match="data.pack_batch must be rows|examples"):
         DataConfig(pack=True, pack_batch="tokens")
     assert DataConfig().pack_batch == "rows" and DataConfig(pack=True, pack_batch="examples").pack

@@ -333,6 +333,11 @@ def test_recipe_hash_ignores_later_config_keys_at_their_defaults():
     assert report.recipe_hash(_tiny("data.synthetic_cot_style=natural")) != report.recipe_hash(cfg)
     assert report.recipe_hash(_tiny("data.pack=true", "data.pack_batch=examples")) != report.recipe_hash(
         _tiny("data.pack=true"))
+    # exact packed steps train the padded run's steps (tests/stages/test_packing.py): the padded recipe; and
+    # pack_batch is read only when packing
+    assert report.recipe_hash(_tiny("data.pack=true", "data.pack_batch=exact")) == report.recipe_hash(cfg)
+    assert report.recipe_hash(_tiny("data.pack_batch=exact")) == report.recipe_hash(cfg)
+    assert report.recipe_hash(_tiny("data.pack=true")) != report.recipe_hash(cfg)
     gsm8k = _tiny("data.dataset=gsm8k")
     assert report.recipe_hash(_tiny("data.dataset=gsm8k", "data.gsm8k_cot=raw")) != report.recipe_hash(gsm8k)
 

@@ -88,6 +88,8 @@ def test_safe_and_unsafe_keys():
     # only sft reads the dual branch's switch and weight: the stages before it keep what they wrote
     assert not is_unsafe("latent.dual_branch") and not is_unsafe("latent.dual_branch_weight")
     assert not is_unsafe("latent.curriculum") and not is_unsafe("latent.curriculum_stages")
+    # how the next stage lays out its rows; a stage stopped part way checks its own data position (pipeline)
+    assert not is_unsafe("data.pack") and not is_unsafe("data.pack_batch") and is_unsafe("data.max_len")
     assert not is_unsafe("codebook.render_cache") and is_unsafe("codebook.render_view")
 
 

@@ -8,6 +8,7 @@ and `test_a_packed_segment_sees_only_itself`; each also checks that merging two 
 without segment ids would give) changes the numbers, so they cannot pass on a mask that ignores segments.
 """
 
+import itertools
 import json
 from pathlib import Path
 
@@ -494,10 +495,7 @@ def test_exact_packed_dual_branch_steps_give_the_padded_steps_loss_and_gradients
     padded = iter(make_stage_dataset("sft", examples, tok, **kw))
     exact = make_stage_dataset("sft", examples, tok, pack=True, pack_batch="exact", horizon_steps=3, **kw)
     assert exact.global_batch < 6
-    for j, b in enumerate(exact):
-        if j == 3:
-            break
-        a = next(padded)
+    for j, (a, b) in enumerate(itertools.islice(zip(padded, exact, strict=True), 3)):
         loss_a, met_a, grads_a = _dual_loss_and_grads(model, trainable, a, "mean")
         loss_b, met_b, grads_b = _dual_loss_and_grads(model, trainable, b, "mean")
         assert met_a["ocr_chars"] == met_b["ocr_chars"] > 0
