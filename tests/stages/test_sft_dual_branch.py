@@ -7,6 +7,7 @@ codebook), so only sft itself runs."""
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -411,3 +412,20 @@ def test_branch_marker_is_written_by_process_zero_only(tmp_path, monkeypatch):
     monkeypatch.setattr(sft.jax, "process_index", lambda: 0)
     sft._check_branch_flip(tmp_path, True)
     assert (tmp_path / "sft" / "dual_branch.json").read_text() == '{"on": true}\n'
+
+
+def test_exact_packed_steps_train_what_padded_steps_train_with_the_branch(setup, tmp_path, capsys):
+    """data.pack_batch=exact (the paper configs' default) with the branch: each step's examples packed, one OCR slot a
+    segment; the stage's losses step for step are the padded run's (no character dropout: it draws its mask per OCR
+    row, the same only in distribution)."""
+    cfg, w, *_ = setup
+    losses = {}
+    for name, sets in (("padded", []), ("exact", ["data.pack=true", "data.pack_batch=exact"])):
+        wd = tmp_path / name
+        shutil.copytree(w, wd, ignore=shutil.ignore_patterns("sft"))
+        sft.run(apply_overrides(cfg, [*sets, "data.max_len=256", "codebook.char_dropout=0"]), wd, num_steps=3)
+        losses[name] = [json.loads(line) for line in (wd / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert re.search(r"\[sft\] packed: the 8 examples of a padded step in [1-7] rows of 256", capsys.readouterr().out)
+    for key in ("loss", "lm_ce", "ocr_ce", "sequences"):
+        np.testing.assert_allclose([r[key] for r in losses["exact"]], [r[key] for r in losses["padded"]], rtol=1e-5,
+                                   err_msg=key)
