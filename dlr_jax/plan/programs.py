@@ -187,8 +187,9 @@ def _ocr_rows_note(cfg: Config, ocr_slots: int | None) -> list[str]:
                 "the unused slots' included"]
     if cfg.data.pack:  # the slot count comes from the data's lengths, which packed_totals reads
         return ["the OCR branch is planned at one OCR row a token row (the padded layout: this memory and step); a "
-                "packed row computes S = data.ocr_rows.ocr_slots of them (max_len // the shortest sequence), whose "
-                "step FLOPs the packed totals count"]
+                "packed row computes S of them (data.ocr_rows.ocr_slots, max_len // the shortest sequence; under "
+                "data.pack_batch=exact the most segments a row of the run holds), whose step FLOPs the packed totals "
+                "count"]
     return []
 
 
