@@ -198,7 +198,11 @@ def side_lines(r: PackResult, refusal: str | None) -> list[str]:
 
     name = r.tokenizer_name[:1].upper() + r.tokenizer_name[1:]
     ratio = r.examples_per_s("packed") / r.examples_per_s("padded")
-    held = statistics.mean(r.sequences["packed"]) / statistics.mean(r.sequences["padded"])
+    rows = r.packed_rows or r.batch
+    row_cost = (r.med("packed") / rows) / (r.med("padded") / r.batch)
+    # examples a row, packed over padded (a packed step may take fewer rows: data.pack_batch=examples|exact)
+    held = (statistics.mean(r.sequences["packed"]) / rows) / (
+        statistics.mean(r.sequences["padded"]) / r.batch)
     return [
         f"**{name}** ({r.tokenizer_source}): {r.entries:,} entries; an example {r.example_tokens:.1f} tokens on "
         f"average ({r.examples:,} fit); vocabulary {r.vocab:,} rows ({r.text_rows:,} text, {r.vocab - r.text_rows:,} "
@@ -213,8 +217,8 @@ def side_lines(r: PackResult, refusal: str | None) -> list[str]:
         row("first step s (trace + compile + run)", lambda m: f"{r.first_s[m]:.2f}"),
         "",
         f"Packed over padded, examples/s: {refusal}" if refusal else
-        f"Packed over padded, examples/s: **{ratio:.2f}x** with {r.tokenizer_name} (the same step cost a row; a "
-        f"packed row holds {held:.2f}x the examples).",
+        f"Packed over padded, examples/s: **{ratio:.2f}x** with {r.tokenizer_name} (a packed row holds {held:.2f}x "
+        f"the examples and takes {row_cost:.2f}x a padded row's time).",
     ]
 
 
