@@ -1,14 +1,17 @@
 """`data.pack_batch=exact`: packed steps that hold exactly the padded steps' examples.
 
-The padded pipeline's step is `batch_size` examples a process, read in global stream order (`data.pipeline`). Here
-the same step's examples are packed instead of padded: each process's batch is cut into grad_accum consecutive
-groups (the examples of one padded micro-batch), and each group is packed first-fit-decreasing into `rows` rows of
-max_len tokens, the rows it does not fill left empty (segment 0: no loss, no OCR row). `rows` is fixed for the run
-(no recompiles): the most rows any group of the run needs, found by replaying the packer on the examples' lengths in
-the stream's order (`rows_needed`), as is the dual branch's OCR slots a row (the most segments a row gets). So
-packed step j holds padded step j's examples, micro-batch by micro-batch,
-and since every loss is a sum over targets (`stages.common.lm_loss`; the dual branch's OCR terms per segment slot,
-`data.ocr_rows`), a packed run trains what the padded run trains, step for step, on fewer and fuller rows.
+The padded pipeline's global step is `batch_size` x processes examples, read in global stream order
+(`data.pipeline`). Here the same step's examples are packed instead of padded: the global batch is cut into
+grad_accum consecutive groups (global micro-batches), and each group is packed first-fit-decreasing into `rows` rows
+of max_len tokens, the rows it does not fill left empty (segment 0: no loss, no OCR row); every process packs the
+whole group and keeps its rows / processes of them, so the global batch is the same array on any number of processes.
+`rows` is fixed for the run (no recompiles): the most rows any group of the run needs, found by replaying the packer
+on the examples' lengths in the stream's order (`rows_needed`), as is the dual branch's OCR slots a row (the most
+segments a row gets). So packed step j holds padded step j's examples (a micro-batch holds a contiguous slice of the
+global batch, where a padded one holds every process's slice of it: the Trainer sums the loss and its weight over
+the whole step, so the step is the same), and since every loss is a sum over targets (`stages.common.lm_loss`; the
+dual branch's OCR terms per segment slot, `data.ocr_rows`), a packed run trains what the padded run trains, step for
+step, on fewer and fuller rows.
 
 With a latent curriculum an example's sequence changes length with k; the rows are planned on each example's
 longest variant (`items.fitting_items`), so a shorter actual row always fits where its plan put it.

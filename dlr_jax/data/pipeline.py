@@ -6,8 +6,9 @@
     each global batch (`ProcessSlice`) --> .map(tokenise, formats.py)
     --> pad to the row width and .batch()                (pack=False; `row_width`: max_len or the longest example)
      or .to_iter_dataset() --> FirstFitPackIterDataset --> .batch()   (pack=True)
-     or .batch(batch_size / grad_accum) --> first-fit-decreasing into r rows --> .batch(grad_accum)
-                                                                   (pack=True, pack_batch="exact": `exact_rows`)
+    (pack=True, pack_batch="exact", `exact_rows`: no process slice; the global stream .batch(batch_size x processes /
+     grad_accum) --> tokenise, first-fit-decreasing into R rows, this process's R / processes of them --> .batch(
+     grad_accum))
     --> optional .mp_prefetch(num_workers)
 
 A batch is a dict of numpy arrays, each [rows, row width] int32 (rows = batch_size; packed: the rows the mode
@@ -139,12 +140,17 @@ def _assign_ocr_step(position: int, item: Item, *, seed: int, epoch_size: int) -
 
 
 def _pack_items(items: Sequence[Item], *, stage: str, tok: Tokenizer, mode: str, ocr: Any, plan: Mapping[str, int],
-                rows: int, max_len: int, slots: int, slot_pads: Mapping[str, int] | None) -> dict[str, np.ndarray]:
-    # data.pack_batch=exact: one micro-batch's examples as `rows` packed rows, planned on each example's length in
-    # `plan` (its longest variant under a curriculum), as `exact_rows.rows_needed` replayed them.
+                rows: int, max_len: int, slots: int, slot_pads: Mapping[str, int] | None, shard_index: int,
+                shard_count: int) -> dict[str, np.ndarray]:
+    # data.pack_batch=exact: one global micro-batch's examples as `rows` packed rows, planned on each example's length
+    # in `plan` (its longest variant under a curriculum), as `exact_rows.rows_needed` replayed them; this process's
+    # share of them. Every process packs the whole micro-batch (the same rows everywhere), so the global array is
+    # the same on any number of processes.
     seqs = [_tokenise(it, stage=stage, tok=tok, mode=mode, ocr=ocr) for it in items]
-    return pack_group(seqs, [plan[it.example.id] for it in items], rows=rows, max_len=max_len, pad_id=tok.pad_id,
-                      slots=slots, slot_pads=slot_pads)
+    packed = pack_group(seqs, [plan[it.example.id] for it in items], rows=rows, max_len=max_len, pad_id=tok.pad_id,
+                        slots=slots, slot_pads=slot_pads)
+    share = rows // shard_count
+    return {k: v[shard_index * share:(shard_index + 1) * share] for k, v in packed.items()}
 
 
 def _rename_packed(row: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -271,7 +277,10 @@ def make_stage_dataset(
         plan = {}  # each example's planned length: its longest variant (ids are unique per stage: latents key on them)
         for it, n in zip(items, lengths, strict=True):
             plan[it.example.id] = max(n, plan.get(it.example.id, 0))
-        group, per = batch_size // grad_accum, max(1, row_multiple // grad_accum)
+        # a global micro-batch, packed whole by every process; its rows split over the processes and the
+        # data-parallel devices: a multiple of lcm(processes, data-parallel devices) = row_multiple / grad_accum x
+        # processes (stages.common.row_multiple)
+        group, per = batch_size * shard_count // grad_accum, max(1, row_multiple // grad_accum) * shard_count
         # (+ a few batches: a consumer that reads one ahead of its last step still finds rows that fit)
         count = len(items) * num_epochs if horizon_steps is None else (horizon_steps + 4) * batch_size * shard_count
         stream = stream_lengths([plan[it.example.id] for it in items], seed, num_epochs, count)
@@ -287,12 +296,12 @@ def make_stage_dataset(
             ds = ds.map_with_index(functools.partial(_assign_k, curriculum=cur, epoch_size=len(items)))
         if ocr is not None and ocr_unit == "step":  # after k: the drawn step is one of the row's latent steps
             ds = ds.map_with_index(functools.partial(_assign_ocr_step, seed=seed, epoch_size=len(items)))
-        ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
-        if exact is not None:
+        if exact is not None:  # the global stream: every process packs whole global micro-batches
             return _exact_data(ds, exact, cur, assemble, stage=stage, tok=tok, mode=mode, ocr=ocr,
                                lengths=lengths, max_len=max_len, batch_size=batch_size, grad_accum=grad_accum,
-                               shard_count=shard_count, drop_remainder=drop_remainder, num_threads=num_threads,
-                               num_workers=num_workers)
+                               shard_index=shard_index, shard_count=shard_count, drop_remainder=drop_remainder,
+                               num_threads=num_threads, num_workers=num_workers)
+        ds = ProcessSlice(ds, batch_size, shard_index, shard_count)
         ds = ds.map(functools.partial(_tokenise, stage=stage, tok=tok, mode=mode, ocr=ocr))
         if pack:
             if pack_batch == "examples":
@@ -345,21 +354,23 @@ def make_stage_dataset(
 
 def _exact_data(ds: grain.MapDataset, exact: Mapping[str, Any], cur: Curriculum | None, rebuild: Any, *, stage: str,
                 tok: Tokenizer, mode: str, ocr: Any, lengths: Sequence[int], max_len: int, batch_size: int,
-                grad_accum: int, shard_count: int, drop_remainder: bool, num_threads: int,
+                grad_accum: int, shard_index: int, shard_count: int, drop_remainder: bool, num_threads: int,
                 num_workers: int) -> StageData:
-    # data.pack_batch=exact (`data.exact_rows`): the padded batches, each micro-batch's examples packed into r rows.
+    # data.pack_batch=exact (`data.exact_rows`): the global stream in global micro-batches (batch_size x processes /
+    # grad_accum examples), each packed into R rows by every process, which keeps its R / processes of them.
     rows = exact["rows"]
-    groups = ds.batch(batch_size // grad_accum, drop_remainder=drop_remainder, batch_fn=list)
+    groups = ds.batch(batch_size * shard_count // grad_accum, drop_remainder=drop_remainder, batch_fn=list)
     groups = groups.map(functools.partial(_pack_items, stage=stage, tok=tok, mode=mode, ocr=ocr, plan=exact["plan"],
                                           rows=rows, max_len=max_len, slots=exact["slots"],
-                                          slot_pads=exact["slot_pads"]))
+                                          slot_pads=exact["slot_pads"], shard_index=shard_index,
+                                          shard_count=shard_count))
     batches = groups.batch(grad_accum, drop_remainder=drop_remainder, batch_fn=concat_groups)
 
     def from_batch(start: int) -> Any:
         tail = batches[start:] if start else batches
         return _prefetch(tail.to_iter_dataset(read_options(num_threads, _BATCH_READ_AHEAD)), num_workers)
 
-    step_rows = rows * grad_accum * shard_count
+    step_rows = rows * grad_accum
     epoch_steps = len(lengths) / (batch_size * shard_count)
     stats = PackStats(len(lengths), int(sum(lengths)), max_len, rows=max(1, round(epoch_steps * step_rows)))
     return StageData(from_batch, step_rows, shard_count, packed=True, examples=len(lengths), pack=stats,

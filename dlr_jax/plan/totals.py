@@ -129,9 +129,9 @@ def packed_totals(cfg: Config, stage: str, tcfg: Any, n: int, padded_steps: int,
 def exact_step_rows(lengths: Any, max_len: int, batch_size: int, grad_accum: int, multiple: int,
                     seed: int) -> tuple[int, Any, int]:
     """(rows a step, the epoch's `PackStats` in those rows, the most segments a row) under `data.pack_batch=exact`
-    (`data.exact_rows`): the most rows first-fit-decreasing needs for any micro-batch of one seeded shuffled epoch of
-    `lengths` (a measured sample, on one process: the run replays every batch it reads, and more processes pack
-    smaller groups, so its rows can be a little more), in multiples of multiple / grad_accum, times grad_accum."""
+    (`data.exact_rows`): the most rows first-fit-decreasing needs for any global micro-batch of one seeded shuffled
+    epoch of `lengths` (a measured sample: the run replays every batch it reads, so its rows can be a little more), in
+    multiples of multiple / grad_accum, times grad_accum."""
     import numpy as np
 
     from dlr_jax.data.exact_rows import rows_needed

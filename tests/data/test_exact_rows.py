@@ -160,13 +160,21 @@ def test_errors(tok, examples, table):
         _exact("sft", examples, tok, table, horizon_steps=4, batch_size=6, grad_accum=4)
 
 
-def test_every_process_packs_its_own_rows_of_the_global_batch_into_the_same_number_of_rows(tok, examples, table):
-    kw = {"shard_count": 2, "horizon_steps": 12, "grad_accum": 2}
-    procs = [_exact("sft", examples, tok, table, shard_index=p, **kw) for p in (0, 1)]
-    assert procs[0].global_batch == procs[1].global_batch  # one global array shape
-    for p, data in enumerate(procs):
-        padded = _ds("sft", examples, tok, table, shard_index=p, shard_count=2)
-        r = data.global_batch // (2 * 2)  # rows a micro-batch on each process
-        for a, b in itertools.islice(zip(padded, data, strict=True), 12):
-            for m in range(2):
-                assert _segments(b, range(m * r, (m + 1) * r)) == _segments(a, range(m * B // 2, (m + 1) * B // 2))
+def test_the_global_batch_is_the_same_array_on_one_process_and_on_two(tok, examples, table):
+    """Every process packs each whole global micro-batch and keeps its share of the rows: the global step (processes'
+    rows concatenated per micro-batch, as the Trainer's global array) is one process's, and holds the padded step's
+    examples."""
+    kw = {"horizon_steps": 12, "grad_accum": 2}
+    # rows in multiples of 2 data-parallel devices a micro-batch (stages.common.row_multiple: grad_accum x
+    # lcm(processes, devices) / processes)
+    one = _exact("sft", examples, tok, table, batch_size=2 * B, shard_index=0, shard_count=1, row_multiple=4, **kw)
+    procs = [_exact("sft", examples, tok, table, shard_index=p, shard_count=2, row_multiple=2, **kw) for p in (0, 1)]
+    assert procs[0].global_batch == procs[1].global_batch == one.global_batch
+    r = one.global_batch // 2  # rows a global micro-batch
+    padded = _ds("sft", examples, tok, table, batch_size=2 * B)
+    for a, b0, b1, g in itertools.islice(zip(padded, *procs, one, strict=True), 12):
+        for m in range(2):  # micro-batch m: process 0's rows of it, then process 1's
+            rows = slice(m * r // 2, (m + 1) * r // 2)
+            for k in g:
+                np.testing.assert_array_equal(np.concatenate([b0[k][rows], b1[k][rows]]), g[k][m * r:(m + 1) * r])
+        assert _segments(g, range(2 * r)) == _segments(a, range(2 * B))
