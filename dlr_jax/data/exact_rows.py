@@ -54,15 +54,15 @@ def stream_lengths(lengths: Sequence[int], seed: int, num_epochs: int | None, co
     return np.fromiter((ds[i] for i in range(count)), np.int64, count)
 
 
-def rows_needed(stream: np.ndarray, group: int, max_len: int) -> tuple[int, int]:
-    """(the most rows first-fit-decreasing needs for any `group` consecutive elements of `stream`, the most sequences
-    it puts in one row): the groups the pipeline packs (every process's batch is consecutive groups of the global
-    stream), and how many OCR slots a row of them needs (sft's dual branch: one a segment)."""
+def rows_needed(stream: np.ndarray, group: int, max_len: int, multiple: int = 1) -> tuple[int, int]:
+    """(the most rows first-fit-decreasing needs for any `group` consecutive elements of `stream`, rounded up to a
+    multiple of `multiple`; the most sequences it puts in one row): the global micro-batches the pipeline packs, and
+    how many OCR slots a row of them needs (sft's dual branch: one a segment)."""
     rows = segments = 1
     for start in range(0, len(stream), group):
         bins = ffd_bins(stream[start:start + group].tolist(), max_len)
         rows, segments = max(rows, len(bins)), max(segments, *map(len, bins), 1)
-    return rows, segments
+    return -(-rows // multiple) * multiple, segments
 
 
 def pack_group(seqs: Sequence[Mapping[str, np.ndarray]], plan_lengths: Sequence[int], *, rows: int, max_len: int,

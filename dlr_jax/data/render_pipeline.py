@@ -46,7 +46,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from dlr_jax.data.pipeline import mark_absl_flags_parsed, read_options
+from dlr_jax.data.stage_data import prefetch, read_options
 from dlr_jax.text import render
 from dlr_jax.text.ocr_text import encode_target, normalize_text
 
@@ -226,11 +226,7 @@ def render_train_batch(index: int, _: Any, *, plan: BatchPlan, rows: slice) -> d
 
 
 def _finish(ds: grain.MapDataset, num_workers: int, num_threads: int) -> grain.IterDataset:
-    it = ds.to_iter_dataset(read_options(num_threads, 2 if num_threads else 0))
-    if num_workers > 0:
-        mark_absl_flags_parsed()
-        it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers, per_worker_buffer_size=2))
-    return it
+    return prefetch(ds.to_iter_dataset(read_options(num_threads, 2 if num_threads else 0)), num_workers)
 
 
 def make_render_dataset(

@@ -142,8 +142,8 @@ def exact_step_rows(lengths: Any, max_len: int, batch_size: int, grad_accum: int
     order = np.random.default_rng(seed).permutation(len(lengths))
     per = max(1, multiple // grad_accum)
     group = max(1, batch_size // grad_accum)
-    most, segments = rows_needed(lengths[order], group, max_len)
-    rows = -(-most // per) * per * grad_accum
+    rows, segments = rows_needed(lengths[order], group, max_len, per)
+    rows *= grad_accum
     epoch_rows = max(1, round(len(lengths) / batch_size * rows))
     return rows, PackStats(len(lengths), int(lengths.sum()), max_len, rows=epoch_rows), segments
 

@@ -90,7 +90,7 @@ UNSAFE_PREFIXES = ("model.", "tokenizer.", "data.", "latent.", "init_from")
 # likewise only sft's rows, so a curriculum can be tried on a workdir whose align stage ran without one. data.pad_to:
 # how wide padded rows are, not what they hold (the loss is the same). data.pack(_batch): how the next stage lays out
 # its rows (a finished stage's model does not depend on it); a stage stopped part way resumes only onto the same kind
-# of data position, which the data iterator checks (`data.pipeline.StageIterator.set_state`).
+# of data position, which the data iterator checks (`data.stage_data.StageIterator.set_state`).
 SAFE_IN_UNSAFE = ("data.num_workers", "data.pad_to", "data.pack", "model.remat", "model.attention", "model.dtype",
                   "latent.dual_branch", "latent.curriculum")
 # Keys no training stage reads (the evaluation's settings): a change is recorded but needs no flag, so adding a

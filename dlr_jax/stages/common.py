@@ -258,7 +258,7 @@ def resolve_schedule(tcfg: Any, n: int, workdir: str | Path, stage: str, *, per_
 
 
 def describe_rows(stage: str, data: Any) -> None:
-    """Prints how full a stage's rows are (`data.pipeline.StageData.pack`): packed, also what padding would fill."""
+    """Prints how full a stage's rows are (`data.stage_data.StageData.pack`): packed, also what padding would fill."""
     p = data.pack
     if p is None:
         return
